@@ -1,0 +1,1 @@
+//! The access context: Domains, Node enrolment and Node credentials.

@@ -1,0 +1,1 @@
+//! The ingest context: telemetry batches from Nodes.

@@ -1,0 +1,10 @@
+-- TakeRateBudgetPair: debit two buckets all-or-nothing in one round trip.
+--
+-- The work is in plexsphere.take_rate_budget_pair (migrations/0002), which guards, locks in
+-- (scope, bucket_key) order, judges both on their latest versions and debits both or
+-- neither. It returns 0 (granted), 1 (first refused) or 2 (second refused).
+SELECT plexsphere.take_rate_budget_pair(
+    $1::text, $2::uuid, $3::float8, $4::float8, $5::float8,
+    $6::text, $7::uuid, $8::float8, $9::float8, $10::float8,
+    $11::timestamptz
+) AS outcome

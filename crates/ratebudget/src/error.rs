@@ -1,0 +1,30 @@
+//! The errors a take or a sweep can return.
+
+/// Why a call could not be answered.
+///
+/// Every variant but [`Error::Database`] is returned before any query, so bad input never
+/// writes anything. None of them is a refusal: a refusal is `Ok(false)`.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The text is not one of the five scopes the table's CHECK allows.
+    #[error("unknown rate-budget scope {0:?}")]
+    UnknownScope(String),
+    /// The all-zero key names no Node or Domain; it is what an uninitialised id looks like.
+    #[error("rate-budget key is all zeroes")]
+    ZeroKey,
+    /// A cost that is negative or NaN would credit the bucket or poison its arithmetic.
+    #[error("rate-budget cost is negative or not a number")]
+    NegativeCost,
+    /// The rate or burst is not finite or is negative, or the burst is zero.
+    #[error("rate budget is invalid: rate and burst must be finite and non-negative, burst above zero")]
+    InvalidBudget,
+    /// The database did not answer. The budget was not evaluated; this is not a refusal.
+    #[error("rate-budget store could not answer")]
+    Database(#[source] sqlx::Error),
+}
+
+impl From<sqlx::Error> for Error {
+    fn from(error: sqlx::Error) -> Self {
+        Error::Database(error)
+    }
+}

@@ -1,0 +1,1 @@
+//! The secrets context: named secrets per Domain, read by that Domain's Nodes.

@@ -1,0 +1,59 @@
+//! What several test modules share: clocks, keys and databases.
+
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, PgConnection, PgPool};
+
+/// A fixed instant for tests that drive the limiters' clock by hand.
+pub(crate) fn instant() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap()
+}
+
+/// A fresh random key; never the zero key.
+pub(crate) fn key() -> ratebudget::Key {
+    uuid::Uuid::new_v4().into()
+}
+
+/// A pool whose every connection attempt fails at once: nothing listens on port 1.
+/// A call that answers on it cannot have sent a query.
+pub(crate) fn unreachable_pool() -> PgPool {
+    PgPoolOptions::new()
+        .acquire_timeout(Duration::from_secs(2))
+        .connect_lazy("postgres://postgres@127.0.0.1:1/unreachable")
+        .unwrap()
+}
+
+/// A migrated database of its own, for tests that cannot use `#[sqlx::test]` (property tests
+/// that drive a runtime of their own). Call [`FreshDatabase::drop_database`] when done.
+pub(crate) struct FreshDatabase {
+    name: String,
+    admin_url: String,
+}
+
+impl FreshDatabase {
+    pub(crate) async fn create() -> (FreshDatabase, PgPool) {
+        let admin_url = std::env::var("DATABASE_URL").expect("DATABASE_URL names the test cluster");
+        let name = format!("plexsphere_test_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = PgConnection::connect(&admin_url).await.unwrap();
+        sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut admin).await.unwrap();
+        admin.close().await.unwrap();
+        let pool =
+            PgPoolOptions::new().max_connections(4).connect(&database_url(&admin_url, &name)).await.unwrap();
+        app::MIGRATOR.run(&pool).await.unwrap();
+        (FreshDatabase { name, admin_url }, pool)
+    }
+
+    pub(crate) async fn drop_database(self, pool: PgPool) {
+        pool.close().await;
+        let mut admin = PgConnection::connect(&self.admin_url).await.unwrap();
+        sqlx::query(&format!("DROP DATABASE {} WITH (FORCE)", self.name)).execute(&mut admin).await.unwrap();
+    }
+}
+
+/// `admin_url` with its database replaced by `name`.
+pub(crate) fn database_url(admin_url: &str, name: &str) -> String {
+    let (base, _) = admin_url.rsplit_once('/').expect("DATABASE_URL ends in /<database>");
+    format!("{base}/{name}")
+}

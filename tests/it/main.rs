@@ -1,0 +1,8 @@
+//! Integration tests against a real PostgreSQL: one binary, a module per feature.
+//!
+//! Each database test runs on a fresh database of its own (`#[sqlx::test]`, or
+//! `helpers::FreshDatabase` where a test needs a runtime of its own), created from
+//! `DATABASE_URL` and migrated with `app::MIGRATOR`.
+
+mod helpers;
+mod ratebudget_store;

@@ -1,0 +1,512 @@
+//! The ratebudget core against a real PostgreSQL: the take statement's arithmetic, its
+//! concurrency, its refusals, the sweep and the table's constraints.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Duration, Utc};
+use proptest::prelude::*;
+use ratebudget::{Budget, Error, Key, PairDecision, Scope, Spend, Store};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+use tokio::sync::Barrier;
+
+use crate::helpers::{instant, key, unreachable_pool, FreshDatabase};
+
+/// The stored (tokens, refilled_at) of one bucket, or None when it has no row.
+async fn row(pool: &PgPool, scope: Scope, key: Key) -> Option<(f64, DateTime<Utc>)> {
+    sqlx::query_as(
+        "SELECT tokens, refilled_at FROM plexsphere.rate_budgets WHERE scope = $1 AND bucket_key = $2",
+    )
+    .bind(scope.as_str())
+    .bind(key.as_uuid())
+    .fetch_optional(pool)
+    .await
+    .unwrap()
+}
+
+fn budget(per_second: f64, burst: f64) -> Budget {
+    Budget { per_second, burst }
+}
+
+async fn two_pools(connect: &PgConnectOptions) -> (PgPool, PgPool) {
+    let open = || PgPoolOptions::new().max_connections(8).connect_with(connect.clone());
+    (open().await.unwrap(), open().await.unwrap())
+}
+
+/// Issues `takes` takes of cost 1 at one instant, alternating between two pools (two
+/// "replicas"), all released together by a barrier; returns how many were granted.
+async fn concurrent_grants(pools: &(PgPool, PgPool), bucket: Key, burst: f64, takes: usize) -> usize {
+    let stores = [Store::new(pools.0.clone()), Store::new(pools.1.clone())];
+    let barrier = Arc::new(Barrier::new(takes));
+    let now = instant();
+    let tasks: Vec<_> = (0..takes)
+        .map(|i| {
+            let store = stores[i % 2].clone();
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.take(Scope::SecretReadNode, bucket, 1.0, budget(1.0, burst), now).await.unwrap()
+            })
+        })
+        .collect();
+    let mut granted = 0;
+    for task in tasks {
+        granted += usize::from(task.await.unwrap());
+    }
+    granted
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_hundred_takes_from_two_pools_at_one_instant_grant_exactly_the_burst(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let pools = two_pools(&connect).await;
+    for burst in [1.0, 2.0, 7.0, 50.0, 99.0] {
+        let bucket = key();
+        let granted = concurrent_grants(&pools, bucket, burst, 100).await;
+        assert_eq!(granted as f64, burst, "burst {burst}");
+        let (tokens, _) = row(&pools.0, Scope::SecretReadNode, bucket).await.unwrap();
+        assert_eq!(tokens, 0.0, "burst {burst}");
+    }
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_missing_bucket_is_minted_full_and_debited(pool: PgPool) {
+    let store = Store::new(pool.clone());
+    let bucket = key();
+    assert!(store.take(Scope::IngestNode, bucket, 300.0, budget(100.0, 1000.0), instant()).await.unwrap());
+    assert_eq!(row(&pool, Scope::IngestNode, bucket).await, Some((700.0, instant())));
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn refill_grants_a_token_at_its_boundary_and_not_a_microsecond_before(pool: PgPool) {
+    let store = Store::new(pool.clone());
+    let bucket = key();
+    let every_half_second = budget(2.0, 10.0);
+    let t0 = instant();
+    assert!(store.take(Scope::SecretReadDomain, bucket, 10.0, every_half_second, t0).await.unwrap());
+
+    let just_below = t0 + Duration::microseconds(499_999);
+    assert!(!store.take(Scope::SecretReadDomain, bucket, 1.0, every_half_second, just_below).await.unwrap());
+    let at_boundary = t0 + Duration::milliseconds(500);
+    assert!(store.take(Scope::SecretReadDomain, bucket, 1.0, every_half_second, at_boundary).await.unwrap());
+    assert_eq!(row(&pool, Scope::SecretReadDomain, bucket).await, Some((0.0, at_boundary)));
+
+    let just_above = at_boundary + Duration::microseconds(500_001);
+    assert!(store.take(Scope::SecretReadDomain, bucket, 1.0, every_half_second, just_above).await.unwrap());
+    let (tokens, refilled_at) = row(&pool, Scope::SecretReadDomain, bucket).await.unwrap();
+    assert!(tokens > 0.0 && tokens < 1e-5, "left {tokens}");
+    assert_eq!(refilled_at, just_above);
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn refill_is_capped_at_the_burst(pool: PgPool) {
+    let store = Store::new(pool.clone());
+    let bucket = key();
+    let t0 = instant();
+    assert!(store.take(Scope::IngestDomain, bucket, 5.0, budget(1.0, 5.0), t0).await.unwrap());
+    let much_later = t0 + Duration::hours(1);
+    // An hour at one a second would be 3600 tokens uncapped; the bucket holds 5.
+    assert!(store.take(Scope::IngestDomain, bucket, 5.0, budget(1.0, 5.0), much_later).await.unwrap());
+    assert!(!store.take(Scope::IngestDomain, bucket, 0.5, budget(1.0, 5.0), much_later).await.unwrap());
+    assert_eq!(row(&pool, Scope::IngestDomain, bucket).await, Some((0.0, much_later)));
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_refusal_writes_nothing_and_keeps_the_tokens_accrued_since(pool: PgPool) {
+    let store = Store::new(pool.clone());
+    let bucket = key();
+    let one_a_second = budget(1.0, 3.0);
+    let t0 = instant();
+    assert!(store.take(Scope::AccessIssuanceDomain, bucket, 3.0, one_a_second, t0).await.unwrap());
+    let before = row(&pool, Scope::AccessIssuanceDomain, bucket).await;
+
+    for millis in [100, 400, 700, 999] {
+        let now = t0 + Duration::milliseconds(millis);
+        assert!(!store.take(Scope::AccessIssuanceDomain, bucket, 1.0, one_a_second, now).await.unwrap());
+        assert_eq!(
+            row(&pool, Scope::AccessIssuanceDomain, bucket).await,
+            before,
+            "after refusal at +{millis}ms"
+        );
+    }
+    // Had any refusal stamped the row, this would find less than one token.
+    let one_second_on = t0 + Duration::seconds(1);
+    assert!(store.take(Scope::AccessIssuanceDomain, bucket, 1.0, one_a_second, one_second_on).await.unwrap());
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_clock_running_behind_under_refills_and_leaves_refilled_at_alone(pool: PgPool) {
+    let store = Store::new(pool.clone());
+    let bucket = key();
+    let one_a_second = budget(1.0, 4.0);
+    let t0 = instant();
+    assert!(store.take(Scope::IngestNode, bucket, 2.0, one_a_second, t0).await.unwrap());
+
+    let behind = t0 - Duration::seconds(30);
+    assert!(store.take(Scope::IngestNode, bucket, 1.0, one_a_second, behind).await.unwrap());
+    assert_eq!(row(&pool, Scope::IngestNode, bucket).await, Some((1.0, t0)));
+    assert!(store.take(Scope::IngestNode, bucket, 1.0, one_a_second, behind).await.unwrap());
+    assert!(!store.take(Scope::IngestNode, bucket, 1.0, one_a_second, behind).await.unwrap());
+    assert_eq!(row(&pool, Scope::IngestNode, bucket).await, Some((0.0, t0)));
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn delete_idle_deletes_only_buckets_last_taken_before_the_instant(pool: PgPool) {
+    let store = Store::new(pool.clone());
+    let cutoff = instant();
+    let stale = [key(), key(), key()];
+    let fresh = [key(), key()];
+    for (i, bucket) in stale.iter().enumerate() {
+        let then = cutoff - Duration::seconds(1 + i as i64);
+        store.take(Scope::SecretReadNode, *bucket, 1.0, budget(1.0, 2.0), then).await.unwrap();
+    }
+    store.take(Scope::SecretReadNode, fresh[0], 1.0, budget(1.0, 2.0), cutoff).await.unwrap();
+    store
+        .take(Scope::SecretReadNode, fresh[1], 1.0, budget(1.0, 2.0), cutoff + Duration::hours(1))
+        .await
+        .unwrap();
+
+    assert_eq!(store.delete_idle(cutoff).await.unwrap(), 3);
+    for bucket in stale {
+        assert_eq!(row(&pool, Scope::SecretReadNode, bucket).await, None);
+    }
+    for bucket in fresh {
+        assert!(row(&pool, Scope::SecretReadNode, bucket).await.is_some());
+    }
+    assert_eq!(store.delete_idle(cutoff).await.unwrap(), 0);
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn delete_idle_counts_across_its_batches(pool: PgPool) {
+    // More rows than one sweep batch deletes, so the count must add up over batches.
+    sqlx::query(
+        "INSERT INTO plexsphere.rate_budgets (scope, bucket_key, tokens, refilled_at)
+         SELECT 'ingest_node', gen_random_uuid(), 1, $1 FROM generate_series(1, 12345)",
+    )
+    .bind(instant() - Duration::hours(2))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let store = Store::new(pool.clone());
+    assert_eq!(store.delete_idle(instant() - Duration::hours(1)).await.unwrap(), 12345);
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM plexsphere.rate_budgets").fetch_one(&pool).await.unwrap();
+    assert_eq!(left, 0);
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn the_table_rejects_an_unknown_scope_and_negative_tokens(pool: PgPool) {
+    let insert = |scope: &'static str, tokens: f64| {
+        sqlx::query("INSERT INTO plexsphere.rate_budgets (scope, bucket_key, tokens, refilled_at) VALUES ($1, $2, $3, now())")
+            .bind(scope)
+            .bind(uuid::Uuid::new_v4())
+            .bind(tokens)
+            .execute(&pool)
+    };
+    for (scope, tokens, constraint) in [
+        ("secret_read_cluster", 1.0, "rate_budgets_scope_check"),
+        ("ingest_node", -0.5, "rate_budgets_tokens_check"),
+    ] {
+        let error = insert(scope, tokens).await.unwrap_err();
+        let database_error = error.as_database_error().expect("a constraint violation");
+        assert_eq!(database_error.code().as_deref(), Some("23514"));
+        assert_eq!(database_error.constraint(), Some(constraint));
+    }
+    insert("ingest_node", 0.0).await.unwrap();
+}
+
+#[tokio::test]
+async fn answers_that_need_no_query_hold_without_a_server() {
+    let store = Store::new(unreachable_pool());
+    let ok = budget(1.0, 5.0);
+    let now = instant();
+    let bucket = key();
+    assert!(store.take(Scope::SecretReadNode, bucket, 0.0, ok, now).await.unwrap());
+    assert!(!store.take(Scope::SecretReadNode, bucket, 5.5, ok, now).await.unwrap());
+
+    let zero = Key([0; 16]);
+    assert!(matches!(store.take(Scope::SecretReadNode, zero, 1.0, ok, now).await, Err(Error::ZeroKey)));
+    for cost in [-1.0, f64::NAN, -0.0001] {
+        assert!(
+            matches!(
+                store.take(Scope::SecretReadNode, bucket, cost, ok, now).await,
+                Err(Error::NegativeCost)
+            ),
+            "{cost}"
+        );
+    }
+    for bad in [
+        budget(1.0, 0.0),
+        budget(-1.0, 5.0),
+        budget(1.0, -5.0),
+        budget(f64::NAN, 5.0),
+        budget(1.0, f64::NAN),
+        budget(f64::INFINITY, 5.0),
+        budget(1.0, f64::INFINITY),
+    ] {
+        assert!(
+            matches!(
+                store.take(Scope::SecretReadNode, bucket, 1.0, bad, now).await,
+                Err(Error::InvalidBudget)
+            ),
+            "{bad:?}"
+        );
+    }
+
+    let spend = |cost| Spend { scope: Scope::SecretReadNode, key: bucket, cost, budget: ok };
+    let other = |cost| Spend { scope: Scope::SecretReadDomain, key: key(), cost, budget: ok };
+    assert_eq!(store.take_pair(spend(0.0), other(0.0), now).await.unwrap(), PairDecision::Granted);
+    assert_eq!(store.take_pair(spend(6.0), other(1.0), now).await.unwrap(), PairDecision::FirstRefused);
+    assert_eq!(store.take_pair(spend(1.0), other(6.0), now).await.unwrap(), PairDecision::SecondRefused);
+    assert_eq!(store.take_pair(spend(3.0), spend(3.0), now).await.unwrap(), PairDecision::FirstRefused);
+    assert!(matches!(
+        store.take_pair(spend(1.0), Spend { key: zero, ..other(1.0) }, now).await,
+        Err(Error::ZeroKey)
+    ));
+    assert!(matches!(
+        store.take_pair(spend(1.0), Spend { budget: budget(2.0, 5.0), ..spend(1.0) }, now).await,
+        Err(Error::InvalidBudget)
+    ));
+
+    // The same calls that do need the database report it as an error, never as a refusal.
+    assert!(matches!(store.take(Scope::SecretReadNode, bucket, 1.0, ok, now).await, Err(Error::Database(_))));
+    assert!(matches!(store.take_pair(spend(1.0), other(1.0), now).await, Err(Error::Database(_))));
+    assert!(matches!(store.delete_idle(now).await, Err(Error::Database(_))));
+}
+
+#[test]
+fn scopes_round_trip_through_their_text_and_unknown_text_is_an_error() {
+    for scope in Scope::ALL {
+        assert_eq!(scope.as_str().parse::<Scope>().unwrap(), scope);
+    }
+    match "secret_read_cluster".parse::<Scope>() {
+        Err(Error::UnknownScope(text)) => assert_eq!(text, "secret_read_cluster"),
+        other => panic!("expected UnknownScope, got {other:?}"),
+    }
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn buckets_reads_every_scope_of_one_key(pool: PgPool) {
+    let store = Store::new(pool);
+    let domain = key();
+    let now = instant();
+    store.take(Scope::SecretReadDomain, domain, 1.0, budget(1.0, 4.0), now).await.unwrap();
+    store.take(Scope::IngestDomain, domain, 100.0, budget(1.0, 400.0), now).await.unwrap();
+    store.take(Scope::IngestDomain, key(), 100.0, budget(1.0, 400.0), now).await.unwrap();
+    let buckets = store.buckets(domain).await.unwrap();
+    let seen: Vec<_> = buckets.iter().map(|b| (b.scope, b.tokens, b.refilled_at)).collect();
+    assert_eq!(seen, vec![(Scope::IngestDomain, 300.0, now), (Scope::SecretReadDomain, 3.0, now)]);
+}
+
+// ---- the two-budget take ----
+
+fn node_and_domain(node: Key, domain: Key, node_burst: f64, domain_burst: f64) -> (Spend, Spend) {
+    (
+        Spend { scope: Scope::SecretReadNode, key: node, cost: 1.0, budget: budget(1.0, node_burst) },
+        Spend { scope: Scope::SecretReadDomain, key: domain, cost: 1.0, budget: budget(1.0, domain_burst) },
+    )
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_pair_debits_both_or_neither(pool: PgPool) {
+    let store = Store::new(pool.clone());
+    let (node, domain) = (key(), key());
+    let now = instant();
+    let (n, d) = node_and_domain(node, domain, 2.0, 3.0);
+    assert_eq!(store.take_pair(n, d, now).await.unwrap(), PairDecision::Granted);
+    assert_eq!(store.take_pair(n, d, now).await.unwrap(), PairDecision::Granted);
+    assert_eq!(row(&pool, Scope::SecretReadNode, node).await, Some((0.0, now)));
+    assert_eq!(row(&pool, Scope::SecretReadDomain, domain).await, Some((1.0, now)));
+
+    // The node is exhausted: the domain keeps its last token.
+    assert_eq!(store.take_pair(n, d, now).await.unwrap(), PairDecision::FirstRefused);
+    assert_eq!(row(&pool, Scope::SecretReadDomain, domain).await, Some((1.0, now)));
+
+    // A second node of the same domain spends it, then finds the domain exhausted, and its own
+    // bucket is not debited for the refused read.
+    let other_node = key();
+    let (n2, d2) = node_and_domain(other_node, domain, 2.0, 3.0);
+    assert_eq!(store.take_pair(n2, d2, now).await.unwrap(), PairDecision::Granted);
+    assert_eq!(store.take_pair(n2, d2, now).await.unwrap(), PairDecision::SecondRefused);
+    assert_eq!(row(&pool, Scope::SecretReadNode, other_node).await, Some((1.0, now)));
+    assert_eq!(row(&pool, Scope::SecretReadDomain, domain).await, Some((0.0, now)));
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_pair_refused_under_the_lock_leaves_the_other_bucket_whole(pool: PgPool) {
+    // The guard sees the domain bucket as coverable; a concurrent take empties it before the
+    // pair locks it. The pair must then refuse on the locked version and debit neither.
+    let store = Store::new(pool.clone());
+    let (node, domain) = (key(), key());
+    let now = instant();
+    let (n, d) = node_and_domain(node, domain, 5.0, 1.0);
+    let mut blocker = pool.begin().await.unwrap();
+    sqlx::query("INSERT INTO plexsphere.rate_budgets VALUES ('secret_read_domain', $1, 1, $2)")
+        .bind(domain.as_uuid())
+        .bind(now)
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let pair = tokio::spawn({
+        let store = store.clone();
+        async move { store.take_pair(n, d, now).await.unwrap() }
+    });
+    // The pair's lock wait is visible in pg_stat_activity; wait for it instead of sleeping.
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    sqlx::query("UPDATE plexsphere.rate_budgets SET tokens = 0 WHERE scope = 'secret_read_domain' AND bucket_key = $1")
+        .bind(domain.as_uuid())
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    blocker.commit().await.unwrap();
+    assert_eq!(pair.await.unwrap(), PairDecision::SecondRefused);
+    let node_row = row(&pool, Scope::SecretReadNode, node).await;
+    assert!(node_row.is_none() || node_row == Some((5.0, now)), "node debited: {node_row:?}");
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn concurrent_pairs_from_many_nodes_never_overspend_their_domain(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let pools = two_pools(&connect).await;
+    let stores = [Store::new(pools.0.clone()), Store::new(pools.1.clone())];
+    let domain = key();
+    let nodes: Vec<Key> = (0..10).map(|_| key()).collect();
+    let now = instant();
+    let reads = 200;
+    let barrier = Arc::new(Barrier::new(reads));
+    let tasks: Vec<_> = (0..reads)
+        .map(|i| {
+            let store = stores[i % 2].clone();
+            let barrier = barrier.clone();
+            // Node bursts of 8 across 10 nodes could admit 80; the domain's 30 must bind.
+            let (n, d) = node_and_domain(nodes[i % nodes.len()], domain, 8.0, 30.0);
+            // Half the callers name the buckets domain-first, so lock order is exercised too.
+            let (first, second) = if i % 4 < 2 { (n, d) } else { (d, n) };
+            tokio::spawn(async move {
+                barrier.wait().await;
+                (first.scope, store.take_pair(first, second, now).await.unwrap())
+            })
+        })
+        .collect();
+    let mut granted = 0;
+    for task in tasks {
+        let (_, decision) = task.await.unwrap();
+        granted += usize::from(decision == PairDecision::Granted);
+    }
+    assert_eq!(granted, 30);
+    let (domain_tokens, _) = row(&pools.0, Scope::SecretReadDomain, domain).await.unwrap();
+    assert_eq!(domain_tokens, 0.0);
+    let spent_by_nodes: f64 = {
+        let mut sum = 0.0;
+        for node in &nodes {
+            if let Some((tokens, _)) = row(&pools.0, Scope::SecretReadNode, *node).await {
+                sum += 8.0 - tokens;
+            }
+        }
+        sum
+    };
+    assert_eq!(spent_by_nodes, 30.0, "every node debit has its domain debit and no other");
+}
+
+// ---- the statement against a pure model ----
+
+/// The bucket arithmetic of take.sql in plain Rust, with PostgreSQL's float8 operations in
+/// the same order, so the two must agree exactly, not approximately.
+#[derive(Debug, Default)]
+struct ModelBucket {
+    row: Option<(f64, i64)>,
+}
+
+impl ModelBucket {
+    fn take(&mut self, cost: f64, budget: Budget, now_micros: i64) -> bool {
+        if cost == 0.0 {
+            return true;
+        }
+        if cost > budget.burst {
+            return false;
+        }
+        match self.row {
+            None => {
+                self.row = Some((budget.burst - cost, now_micros));
+                true
+            }
+            Some((tokens, refilled_at)) => {
+                let level = budget
+                    .burst
+                    .min(tokens + seconds_between(refilled_at, now_micros).max(0.0) * budget.per_second);
+                if level >= cost {
+                    self.row = Some((level - cost, refilled_at.max(now_micros)));
+                    true
+                } else {
+                    false
+                }
+            }
+        }
+    }
+}
+
+/// `date_part('epoch', now - refilled_at)` as PostgreSQL 15 computes it: the interval is
+/// justified into whole days plus a remainder, and the two are added as float8.
+fn seconds_between(from_micros: i64, to_micros: i64) -> f64 {
+    const DAY: i64 = 86_400_000_000;
+    let difference = to_micros - from_micros;
+    let (days, rest) = (difference / DAY, difference % DAY);
+    rest as f64 / 1_000_000.0 + 86_400.0 * days as f64
+}
+
+fn micros(at: DateTime<Utc>) -> i64 {
+    at.timestamp_micros()
+}
+
+fn step() -> impl Strategy<Value = (f64, i64)> {
+    let cost = prop_oneof![Just(0.0), Just(1.0), 0.0f64..12.0, (1u32..12).prop_map(f64::from),];
+    // Mostly small steps forward, some large, some backwards (a replica whose clock is behind).
+    let step_micros = prop_oneof![
+        6 => 0i64..2_000_000,
+        1 => 2_000_000i64..200_000_000_000,
+        1 => -5_000_000i64..0,
+    ];
+    (cost, step_micros)
+}
+
+#[test]
+fn random_sequences_decide_exactly_as_the_model() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (database, pool) = runtime.block_on(FreshDatabase::create());
+    let store = Store::new(pool.clone());
+    let config = ProptestConfig { cases: 64, ..ProptestConfig::default() };
+    proptest!(config, |(
+        per_second in prop_oneof![Just(0.0), 0.01f64..50.0],
+        burst in prop_oneof![Just(1.0), 0.5f64..10.0],
+        steps in prop::collection::vec(step(), 1..40),
+    )| {
+        let budget = Budget { per_second, burst };
+        let bucket = key();
+        let mut model = ModelBucket::default();
+        let mut now = instant();
+        for (i, (cost, step)) in steps.into_iter().enumerate() {
+            now += Duration::microseconds(step);
+            let stored = runtime.block_on(store.take(Scope::IngestNode, bucket, cost, budget, now)).unwrap();
+            let expected = model.take(cost, budget, micros(now));
+            prop_assert_eq!(stored, expected, "step {}: cost {} at {}", i, cost, now);
+            let row = runtime.block_on(row(&pool, Scope::IngestNode, bucket)).map(|(t, at)| (t, micros(at)));
+            prop_assert_eq!(row, model.row, "step {}", i);
+        }
+    });
+    runtime.block_on(database.drop_database(pool));
+}

@@ -1,0 +1,63 @@
+//! Refusals write nothing: measured on the WAL position.
+//!
+//! This is a binary of its own because `pg_current_wal_lsn()` is cluster-wide: cargo runs
+//! test binaries one after another, so while this one runs no other test writes WAL.
+
+use chrono::{TimeZone, Utc};
+use ratebudget::{Budget, Key, Scope, Store};
+use sqlx::PgPool;
+
+/// The reference's statement without the snapshot guard: a plain upsert whose conflict arm
+/// refuses. It is here to show what the measurement sees when refusals do write.
+const PLAIN_UPSERT: &str = "
+INSERT INTO plexsphere.rate_budgets AS b (scope, bucket_key, tokens, refilled_at)
+VALUES ($1, $2, $5 - $3, $6)
+ON CONFLICT (scope, bucket_key) DO UPDATE
+SET tokens = LEAST($5, b.tokens + GREATEST(0, date_part('epoch', $6 - b.refilled_at)) * $4) - $3,
+    refilled_at = GREATEST(b.refilled_at, $6)
+WHERE LEAST($5, b.tokens + GREATEST(0, date_part('epoch', $6 - b.refilled_at)) * $4) >= $3";
+
+const REFUSALS: u64 = 1_000;
+
+async fn wal_position(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_thousand_refusals_on_an_exhausted_bucket_write_next_to_no_wal(pool: PgPool) {
+    let store = Store::new(pool.clone());
+    let now = Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap();
+    let never_refills = Budget { per_second: 0.0, burst: 3.0 };
+    let bucket = Key::from(uuid::Uuid::new_v4());
+    assert!(store.take(Scope::IngestDomain, bucket, 3.0, never_refills, now).await.unwrap());
+
+    let before = wal_position(&pool).await;
+    for _ in 0..REFUSALS {
+        assert!(!store.take(Scope::IngestDomain, bucket, 1.0, never_refills, now).await.unwrap());
+    }
+    let guarded = wal_position(&pool).await - before;
+
+    let before = wal_position(&pool).await;
+    for _ in 0..REFUSALS {
+        let result = sqlx::query(PLAIN_UPSERT)
+            .bind(Scope::IngestDomain.as_str())
+            .bind(bucket.as_uuid())
+            .bind(1.0f64)
+            .bind(never_refills.per_second)
+            .bind(never_refills.burst)
+            .bind(now)
+            .execute(&pool)
+            .await
+            .unwrap();
+        assert_eq!(result.rows_affected(), 0, "the plain upsert refuses too");
+    }
+    let plain = wal_position(&pool).await - before;
+
+    eprintln!("WAL for {REFUSALS} refusals: guarded take {guarded} bytes, plain upsert {plain} bytes");
+    // A write per refusal is at least a lock record and a commit record each.
+    assert!(plain >= 50 * REFUSALS as i64, "the measurement sees writes: {plain} bytes");
+    assert!(guarded * 20 < plain, "guarded {guarded} bytes against plain {plain} bytes");
+}
