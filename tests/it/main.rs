@@ -4,5 +4,8 @@
 //! `helpers::FreshDatabase` where a test needs a runtime of its own), created from
 //! `DATABASE_URL` and migrated with `app::MIGRATOR`.
 
+mod access_adapters;
 mod helpers;
+mod ingest_adapters;
 mod ratebudget_store;
+mod secrets_adapters;

@@ -17,10 +17,12 @@
 //!
 //! This crate owns the table and every statement that touches it; nothing else does.
 
+mod clock;
 mod error;
 mod model;
 mod store;
 
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::Error;
 pub use model::{Budget, Key, Scope, Spend};
 pub use store::{Bucket, PairDecision, Store};

@@ -1,0 +1,1 @@
+//! The access context's adapters against a real PostgreSQL.

@@ -1,0 +1,1 @@
+//! The ingest context's adapters against a real PostgreSQL.

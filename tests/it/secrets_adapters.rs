@@ -1,0 +1,1 @@
+//! The secrets context's adapters against a real PostgreSQL.
