@@ -1,1 +1,317 @@
-//! The access context's adapters against a real PostgreSQL.
+//! The access context's adapters against a real PostgreSQL: the Domain and Node tables, and
+//! the issuance limiter on the shared rate budgets, driven through the real service.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use access::{
+    AccessService, AuthError, Domain, DomainId, DomainName, EnrolError, IssuanceLimitError, IssuancePolicy,
+    Limiter, NewDomain, NodeName, NodeToken, PgAccessRepository, RateBudgetIssuanceLimiter,
+};
+use ratebudget::{Budget, ManualClock, Store};
+use sqlx::PgPool;
+
+use crate::helpers::{instant, unreachable_pool};
+
+/// The default budget the tests' limiters are built with: 1 a second, 5 back to back.
+const DEFAULT: Budget = Budget { per_second: 1.0, burst: 5.0 };
+
+fn limiter(pool: &PgPool, clock: &ManualClock, default_budget: Budget) -> RateBudgetIssuanceLimiter {
+    RateBudgetIssuanceLimiter::new(Store::new(pool.clone()), Arc::new(clock.clone()), default_budget)
+}
+
+/// The real service on `pool`, deciding issuances at `clock`'s now.
+fn service(pool: &PgPool, clock: &ManualClock, default_budget: Budget) -> AccessService {
+    AccessService::new(
+        Arc::new(PgAccessRepository::new(pool.clone())),
+        Arc::new(limiter(pool, clock, default_budget)),
+    )
+}
+
+async fn create_domain(service: &AccessService, policy: Option<IssuancePolicy>) -> Domain {
+    let new = NewDomain { name: DomainName::parse("fleet").unwrap(), issuance_policy: policy };
+    service.create_domain(new).await.unwrap()
+}
+
+fn name(text: &str) -> NodeName {
+    NodeName::parse(text).unwrap()
+}
+
+async fn node_count(pool: &PgPool, domain: DomainId) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM plexsphere.nodes WHERE domain_id = $1")
+        .bind(domain.as_uuid())
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Enrols one Node and returns the refusal's `retry_after`, or None when it was admitted.
+async fn enrol(service: &AccessService, domain: DomainId) -> Option<Duration> {
+    match service.enroll_node(domain, name("edge")).await {
+        Ok(_) => None,
+        Err(EnrolError::IssuanceRateLimited { retry_after }) => Some(retry_after),
+        Err(other) => panic!("enrolment neither admitted nor refused: {other:?}"),
+    }
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_domain_with_a_policy_reads_back_as_it_was_created(pool: PgPool) {
+    let service = service(&pool, &ManualClock::new(instant()), DEFAULT);
+    let policy = IssuancePolicy::new(0.125, 7.5).unwrap();
+
+    let created = create_domain(&service, Some(policy)).await;
+
+    assert_eq!(service.find_domain(created.id).await.unwrap(), Some(created.clone()));
+    let by_repository = PgAccessRepository::new(pool.clone());
+    let found = access::AccessRepository::find_domain(&by_repository, created.id).await.unwrap().unwrap();
+    assert_eq!(found.issuance_policy, Some(policy));
+    assert_eq!(found.name.as_str(), "fleet");
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_domain_without_a_policy_reads_back_without_one(pool: PgPool) {
+    let service = service(&pool, &ManualClock::new(instant()), DEFAULT);
+
+    let created = create_domain(&service, None).await;
+
+    let found = service.find_domain(created.id).await.unwrap().unwrap();
+    assert_eq!(found, created);
+    assert_eq!(found.issuance_policy, None);
+    let stored: (Option<f64>, Option<f64>) =
+        sqlx::query_as("SELECT issuance_per_second, issuance_burst FROM plexsphere.domains WHERE id = $1")
+            .bind(created.id.as_uuid())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(stored, (None, None));
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn an_unknown_domain_is_not_found(pool: PgPool) {
+    let service = service(&pool, &ManualClock::new(instant()), DEFAULT);
+    create_domain(&service, None).await;
+
+    assert_eq!(service.find_domain(DomainId::random()).await.unwrap(), None);
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn an_enrolled_node_authenticates_with_its_token_and_no_other(pool: PgPool) {
+    let service = service(&pool, &ManualClock::new(instant()), DEFAULT);
+    let domain = create_domain(&service, None).await;
+
+    let first = service.enroll_node(domain.id, name("edge-1")).await.unwrap();
+    let second = service.enroll_node(domain.id, name("edge-2")).await.unwrap();
+
+    let authenticated = service.authenticate(first.token.expose()).await.unwrap();
+    assert_eq!((authenticated.node_id, authenticated.domain_id), (first.node.id, domain.id));
+    let authenticated = service.authenticate(second.token.expose()).await.unwrap();
+    assert_eq!((authenticated.node_id, authenticated.domain_id), (second.node.id, domain.id));
+    assert_ne!(first.node.id, second.node.id);
+
+    let never_issued = NodeToken::generate();
+    assert!(matches!(service.authenticate(never_issued.expose()).await, Err(AuthError::UnknownToken)));
+    let tampered = format!("{}x", first.token.expose());
+    assert!(matches!(service.authenticate(&tampered).await, Err(AuthError::MalformedToken)));
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn the_nodes_row_holds_only_the_32_byte_hash_of_the_token(pool: PgPool) {
+    let service = service(&pool, &ManualClock::new(instant()), DEFAULT);
+    let domain = create_domain(&service, None).await;
+
+    let enrolment = service.enroll_node(domain.id, name("edge-1")).await.unwrap();
+
+    let (stored_hash, whole_row): (Vec<u8>, String) = sqlx::query_as(
+        "SELECT n.token_hash, row_to_json(n)::text FROM plexsphere.nodes AS n WHERE n.id = $1",
+    )
+    .bind(enrolment.node.id.as_uuid())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(stored_hash.len(), 32);
+    assert_eq!(stored_hash.as_slice(), enrolment.token.hash().as_bytes());
+    let secret = &enrolment.token.expose()["psn_".len()..];
+    assert!(!whole_row.contains(secret), "the row holds the token: {whole_row}");
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn issuance_follows_the_domains_own_policy(pool: PgPool) {
+    let clock = ManualClock::new(instant());
+    // The default would admit five; the Domain's own policy admits two, then one every 2 s.
+    let service = service(&pool, &clock, DEFAULT);
+    let domain = create_domain(&service, Some(IssuancePolicy::new(0.5, 2.0).unwrap())).await;
+
+    assert_eq!(enrol(&service, domain.id).await, None);
+    assert_eq!(enrol(&service, domain.id).await, None);
+    assert_eq!(enrol(&service, domain.id).await, Some(Duration::from_secs(2)));
+    assert_eq!(node_count(&pool, domain.id).await, 2, "a refused enrolment stores no Node");
+
+    clock.advance(chrono::Duration::milliseconds(1999));
+    assert_eq!(enrol(&service, domain.id).await, Some(Duration::from_secs(2)));
+    clock.advance(chrono::Duration::milliseconds(1));
+    assert_eq!(enrol(&service, domain.id).await, None);
+    assert_eq!(enrol(&service, domain.id).await, Some(Duration::from_secs(2)));
+    assert_eq!(node_count(&pool, domain.id).await, 3);
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn issuance_follows_the_default_budget_when_the_domain_has_no_policy(pool: PgPool) {
+    let clock = ManualClock::new(instant());
+    let service = service(&pool, &clock, Budget { per_second: 4.0, burst: 3.0 });
+    let domain = create_domain(&service, None).await;
+
+    for _ in 0..3 {
+        assert_eq!(enrol(&service, domain.id).await, None);
+    }
+    assert_eq!(enrol(&service, domain.id).await, Some(Duration::from_millis(250)));
+    assert_eq!(node_count(&pool, domain.id).await, 3);
+
+    clock.advance(chrono::Duration::milliseconds(250));
+    assert_eq!(enrol(&service, domain.id).await, None);
+    assert_eq!(enrol(&service, domain.id).await, Some(Duration::from_millis(250)));
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn each_domain_spends_from_a_bucket_of_its_own(pool: PgPool) {
+    let service = service(&pool, &ManualClock::new(instant()), DEFAULT);
+    let one_at_a_time = Some(IssuancePolicy::new(1.0, 1.0).unwrap());
+    let exhausted = create_domain(&service, one_at_a_time).await;
+    let other = create_domain(&service, one_at_a_time).await;
+
+    assert_eq!(enrol(&service, exhausted.id).await, None);
+    assert_eq!(enrol(&service, exhausted.id).await, Some(Duration::from_secs(1)));
+
+    assert_eq!(enrol(&service, other.id).await, None);
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_budget_that_never_refills_asks_callers_to_retry_after_an_hour(pool: PgPool) {
+    let clock = ManualClock::new(instant());
+    let service = service(&pool, &clock, Budget { per_second: 0.0, burst: 1.0 });
+    let domain = create_domain(&service, None).await;
+
+    assert_eq!(enrol(&service, domain.id).await, None);
+    assert_eq!(enrol(&service, domain.id).await, Some(Duration::from_secs(3600)));
+    clock.advance(chrono::Duration::days(1));
+    assert_eq!(enrol(&service, domain.id).await, Some(Duration::from_secs(3600)));
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn enrolment_into_an_unknown_domain_spends_no_budget(pool: PgPool) {
+    let service = service(&pool, &ManualClock::new(instant()), DEFAULT);
+    let unknown = DomainId::random();
+
+    let result = service.enroll_node(unknown, name("edge")).await;
+
+    assert!(matches!(result, Err(EnrolError::UnknownDomain(id)) if id == unknown), "{result:?}");
+    let buckets: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM plexsphere.rate_budgets").fetch_one(&pool).await.unwrap();
+    assert_eq!(buckets, 0);
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_limiter_on_an_unreachable_store_is_unavailable_never_rate_limited(pool: PgPool) {
+    let clock = ManualClock::new(instant());
+    let unreachable = limiter(&unreachable_pool(), &clock, DEFAULT);
+    let policy = Some(IssuancePolicy::new(1.0, 1.0).unwrap());
+    for policy in [None, policy] {
+        let result = unreachable.spend_issuance(DomainId::random(), policy).await;
+        assert!(matches!(result, Err(IssuanceLimitError::Unavailable(_))), "{result:?}");
+    }
+
+    // Through the service: the Domain is found, the limiter cannot answer, no Node is stored.
+    let service = AccessService::new(Arc::new(PgAccessRepository::new(pool.clone())), Arc::new(unreachable));
+    let domain = create_domain(&service, None).await;
+    let result = service.enroll_node(domain.id, name("edge")).await;
+    assert!(matches!(result, Err(EnrolError::Unavailable(_))), "{result:?}");
+    assert_eq!(node_count(&pool, domain.id).await, 0);
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_limiter_with_an_unusable_default_budget_is_unavailable_never_rate_limited(pool: PgPool) {
+    let clock = ManualClock::new(instant());
+    for broken in [
+        Budget { per_second: f64::NAN, burst: 5.0 },
+        Budget { per_second: 1.0, burst: 0.0 },
+        Budget { per_second: -1.0, burst: 5.0 },
+    ] {
+        let result = limiter(&pool, &clock, broken).spend_issuance(DomainId::random(), None).await;
+        assert!(matches!(result, Err(IssuanceLimitError::Unavailable(_))), "{broken:?}: {result:?}");
+    }
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_store_that_cannot_answer_makes_every_use_case_unavailable(pool: PgPool) {
+    let clock = ManualClock::new(instant());
+    let service = AccessService::new(
+        Arc::new(PgAccessRepository::new(unreachable_pool())),
+        Arc::new(limiter(&pool, &clock, DEFAULT)),
+    );
+
+    let new = NewDomain { name: DomainName::parse("fleet").unwrap(), issuance_policy: None };
+    assert!(matches!(service.create_domain(new).await, Err(access::CreateDomainError::Unavailable(_))));
+    assert!(service.find_domain(DomainId::random()).await.is_err());
+    let enrolment = service.enroll_node(DomainId::random(), name("edge")).await;
+    assert!(matches!(enrolment, Err(EnrolError::Unavailable(_))), "{enrolment:?}");
+    let authentication = service.authenticate(NodeToken::generate().expose()).await;
+    assert!(matches!(authentication, Err(AuthError::Unavailable(_))), "{authentication:?}");
+}
+
+/// Runs `sql` and returns the name of the constraint it violated.
+async fn violated_constraint(pool: &PgPool, sql: &str) -> String {
+    let Err(error) = sqlx::query(sql).execute(pool).await else {
+        panic!("accepted: {sql}");
+    };
+    match error.as_database_error().and_then(|error| error.constraint()) {
+        Some(constraint) => constraint.to_owned(),
+        None => panic!("{sql}: not a constraint violation: {error}"),
+    }
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn the_tables_reject_half_a_policy_an_unusable_policy_a_bad_name_and_a_short_hash(pool: PgPool) {
+    let domain = |per_second: &str, burst: &str, name: &str| {
+        format!(
+            "INSERT INTO plexsphere.domains (id, name, issuance_per_second, issuance_burst)
+             VALUES (gen_random_uuid(), {name}, {per_second}, {burst})"
+        )
+    };
+    for (per_second, burst) in [
+        ("1", "NULL"),
+        ("NULL", "1"),
+        ("0", "1"),
+        ("1", "0.5"),
+        ("'NaN'", "1"),
+        ("1", "'NaN'"),
+        ("'Infinity'", "1"),
+        ("1", "'Infinity'"),
+    ] {
+        assert_eq!(
+            violated_constraint(&pool, &domain(per_second, burst, "'fleet'")).await,
+            "domains_issuance_policy_check",
+            "({per_second}, {burst})"
+        );
+    }
+    for name in ["''", "repeat('x', 101)", "E'fleet\\n'", "E'a\\u0085b'"] {
+        assert_eq!(
+            violated_constraint(&pool, &domain("NULL", "NULL", name)).await,
+            "domains_name_check",
+            "{name}"
+        );
+    }
+
+    sqlx::query(&domain("NULL", "NULL", "'fleet'")).execute(&pool).await.unwrap();
+    let node = |hash: &str| {
+        format!(
+            "INSERT INTO plexsphere.nodes (id, domain_id, name, token_hash)
+             SELECT gen_random_uuid(), id, 'edge', {hash} FROM plexsphere.domains"
+        )
+    };
+    assert_eq!(violated_constraint(&pool, &node("'\\x00'::bytea")).await, "nodes_token_hash_check");
+    assert_eq!(violated_constraint(&pool, &node("sha512('x')")).await, "nodes_token_hash_check");
+    sqlx::query(&node("sha256('x')")).execute(&pool).await.unwrap();
+    assert_eq!(violated_constraint(&pool, &node("sha256('x')")).await, "nodes_token_hash_key");
+    let orphan = "INSERT INTO plexsphere.nodes (id, domain_id, name, token_hash)
+                  VALUES (gen_random_uuid(), gen_random_uuid(), 'edge', sha256('y'))";
+    assert_eq!(violated_constraint(&pool, orphan).await, "nodes_domain_id_fkey");
+}

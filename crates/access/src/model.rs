@@ -1,0 +1,327 @@
+//! The access context's values: ids, validated names, issuance policies and credentials.
+
+use std::fmt;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
+use rand::TryRngCore as _;
+use sha2::{Digest as _, Sha256};
+use uuid::Uuid;
+
+use crate::AuthError;
+
+#[cfg(test)]
+mod tests;
+
+/// The longest Domain or Node name, in characters.
+const MAX_NAME_CHARS: usize = 100;
+
+/// What every token starts with, so that a leaked token is recognisable for what it is (by a
+/// secret scanner, in a log, in a paste).
+const TOKEN_PREFIX: &str = "psn_";
+
+/// Random bytes in a token: 256 bits, beyond any guessing.
+const TOKEN_BYTES: usize = 32;
+
+/// Characters of base64url, unpadded, that encode [`TOKEN_BYTES`] bytes.
+const TOKEN_ENCODED_CHARS: usize = 43;
+
+/// Identifies a Domain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DomainId(Uuid);
+
+impl DomainId {
+    /// A new random (v4) id.
+    pub fn random() -> DomainId {
+        DomainId(Uuid::new_v4())
+    }
+
+    /// The id as a uuid.
+    pub fn as_uuid(self) -> Uuid {
+        self.0
+    }
+}
+
+impl From<Uuid> for DomainId {
+    fn from(id: Uuid) -> Self {
+        DomainId(id)
+    }
+}
+
+impl fmt::Display for DomainId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// Identifies a Node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(Uuid);
+
+impl NodeId {
+    /// A new random (v4) id.
+    pub fn random() -> NodeId {
+        NodeId(Uuid::new_v4())
+    }
+
+    /// The id as a uuid.
+    pub fn as_uuid(self) -> Uuid {
+        self.0
+    }
+}
+
+impl From<Uuid> for NodeId {
+    fn from(id: Uuid) -> Self {
+        NodeId(id)
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// Why a value given to the access context was rejected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {field}: {reason}")]
+pub struct InvalidInput {
+    /// The input that was rejected, e.g. `name` or `burst`.
+    pub field: &'static str,
+    /// What it must be, e.g. `must be 1 to 100 characters`.
+    pub reason: &'static str,
+}
+
+/// Trims `raw` and checks it is a name: 1 to 100 characters, none of them control characters.
+fn parse_name(raw: String) -> Result<String, InvalidInput> {
+    let trimmed = raw.trim();
+    let chars = trimmed.chars().count();
+    if chars == 0 || chars > MAX_NAME_CHARS {
+        return Err(InvalidInput { field: "name", reason: "must be 1 to 100 characters" });
+    }
+    // Control characters would let a name rewrite a terminal or forge a log line.
+    if trimmed.chars().any(char::is_control) {
+        return Err(InvalidInput { field: "name", reason: "must not contain control characters" });
+    }
+    Ok(if trimmed.len() == raw.len() { raw } else { trimmed.to_owned() })
+}
+
+/// A Domain's display name: trimmed, 1 to 100 characters, no control characters.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct DomainName(String);
+
+impl DomainName {
+    /// Validates `raw` as a Domain name, trimming surrounding whitespace first.
+    ///
+    /// # Errors
+    /// [`InvalidInput`] on field `name` when the trimmed text is empty, longer than 100
+    /// characters, or holds a control character.
+    pub fn parse(raw: impl Into<String>) -> Result<DomainName, InvalidInput> {
+        parse_name(raw.into()).map(DomainName)
+    }
+
+    /// The name's text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for DomainName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A Node's display name: trimmed, 1 to 100 characters, no control characters.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct NodeName(String);
+
+impl NodeName {
+    /// Validates `raw` as a Node name, trimming surrounding whitespace first.
+    ///
+    /// # Errors
+    /// [`InvalidInput`] on field `name` when the trimmed text is empty, longer than 100
+    /// characters, or holds a control character.
+    pub fn parse(raw: impl Into<String>) -> Result<NodeName, InvalidInput> {
+        parse_name(raw.into()).map(NodeName)
+    }
+
+    /// The name's text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for NodeName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// How fast a Domain may issue Node credentials: `per_second` a second sustained, with up to
+/// `burst` back to back.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct IssuancePolicy {
+    per_second: f64,
+    burst: f64,
+}
+
+impl IssuancePolicy {
+    /// Validates a policy.
+    ///
+    /// The rate must be above zero because a Domain that could never issue again after its
+    /// burst is a Domain nobody can enrol into; the burst must be at least one because an
+    /// enrolment costs one issuance and a smaller ceiling could never cover it.
+    ///
+    /// # Errors
+    /// [`InvalidInput`] on field `per_second` unless it is finite and above zero, or on field
+    /// `burst` unless it is finite and at least one.
+    pub fn new(per_second: f64, burst: f64) -> Result<IssuancePolicy, InvalidInput> {
+        // Written so that NaN fails each comparison and is rejected.
+        if !(per_second.is_finite() && per_second > 0.0) {
+            return Err(InvalidInput { field: "per_second", reason: "must be a finite number above zero" });
+        }
+        if !(burst.is_finite() && burst >= 1.0) {
+            return Err(InvalidInput { field: "burst", reason: "must be a finite number of at least one" });
+        }
+        Ok(IssuancePolicy { per_second, burst })
+    }
+
+    /// Issuances a second, sustained.
+    pub fn per_second(&self) -> f64 {
+        self.per_second
+    }
+
+    /// The most issuances admitted back to back.
+    pub fn burst(&self) -> f64 {
+        self.burst
+    }
+}
+
+/// What a caller asks for when creating a Domain.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewDomain {
+    /// The Domain's name.
+    pub name: DomainName,
+    /// Its own issuance policy; `None` uses the process-wide default.
+    pub issuance_policy: Option<IssuancePolicy>,
+}
+
+/// A tenant that Nodes are enrolled into.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Domain {
+    /// The Domain's id.
+    pub id: DomainId,
+    /// The Domain's name.
+    pub name: DomainName,
+    /// Its own issuance policy; `None` uses the process-wide default.
+    pub issuance_policy: Option<IssuancePolicy>,
+}
+
+/// A machine enrolled into a Domain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Node {
+    /// The Node's id.
+    pub id: NodeId,
+    /// The Domain the Node belongs to.
+    pub domain_id: DomainId,
+    /// The Node's name.
+    pub name: NodeName,
+}
+
+/// A Node's bearer credential: `psn_` followed by 32 random bytes in unpadded base64url.
+///
+/// `Debug` does not print it, so a token in a struct that gets logged stays secret. There is
+/// deliberately no `Display` and no `PartialEq`: the text is reached only through
+/// [`NodeToken::expose`], and tokens are never compared, only hashed and looked up.
+#[derive(Clone)]
+pub struct NodeToken(String);
+
+impl NodeToken {
+    /// A fresh token from the operating system's random number generator.
+    ///
+    /// # Panics
+    /// When the operating system cannot supply randomness. No credential can be issued safely
+    /// then, and `rand`'s own generators panic in the same case.
+    pub fn generate() -> NodeToken {
+        let mut bytes = [0u8; TOKEN_BYTES];
+        if let Err(error) = rand::rngs::OsRng.try_fill_bytes(&mut bytes) {
+            panic!("the operating system's random number generator failed: {error}");
+        }
+        NodeToken(format!("{TOKEN_PREFIX}{}", URL_SAFE_NO_PAD.encode(bytes)))
+    }
+
+    /// Reads a token a Node presented.
+    ///
+    /// Only the exact form [`NodeToken::generate`] produces is accepted (no whitespace, no
+    /// padding, canonical trailing bits), so one credential has one text and one hash.
+    ///
+    /// # Errors
+    /// [`AuthError::MalformedToken`] unless `text` is `psn_` followed by 43 base64url
+    /// characters that decode to 32 bytes.
+    pub fn parse(text: &str) -> Result<NodeToken, AuthError> {
+        let encoded = text.strip_prefix(TOKEN_PREFIX).ok_or(AuthError::MalformedToken)?;
+        if encoded.len() != TOKEN_ENCODED_CHARS {
+            return Err(AuthError::MalformedToken);
+        }
+        match URL_SAFE_NO_PAD.decode(encoded) {
+            Ok(bytes) if bytes.len() == TOKEN_BYTES => Ok(NodeToken(text.to_owned())),
+            _ => Err(AuthError::MalformedToken),
+        }
+    }
+
+    /// The token's text, to hand to the Node it was issued to, once.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// The SHA-256 of the token's text: what the store keeps and looks Nodes up by.
+    pub fn hash(&self) -> TokenHash {
+        // A fast, unsalted hash is right here, unlike for passwords: the token is 256 random
+        // bits, so there is no dictionary to try and no brute force a slow hash would slow
+        // down meaningfully, and an unsalted hash lets the store look a token up by its hash.
+        TokenHash(Sha256::digest(self.0.as_bytes()).into())
+    }
+}
+
+impl fmt::Debug for NodeToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("NodeToken(<redacted>)")
+    }
+}
+
+/// The SHA-256 of a [`NodeToken`]'s text: what is stored in place of the token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TokenHash([u8; 32]);
+
+impl TokenHash {
+    /// A hash from its 32 bytes, as read back from the store.
+    pub fn from_bytes(bytes: [u8; 32]) -> TokenHash {
+        TokenHash(bytes)
+    }
+
+    /// The hash's 32 bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+/// A Node just enrolled and its credential.
+///
+/// This is the only time the token exists outside the Node: the store keeps its hash.
+#[derive(Clone, Debug)]
+pub struct Enrolment {
+    /// The Node as stored.
+    pub node: Node,
+    /// The Node's bearer credential.
+    pub token: NodeToken,
+}
+
+/// Who presented a valid token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AuthenticatedNode {
+    /// The Node the token was issued to.
+    pub node_id: NodeId,
+    /// The Domain that Node belongs to.
+    pub domain_id: DomainId,
+}

@@ -1,0 +1,64 @@
+//! What the access context needs from the outside: an issuance limiter and a store.
+
+use crate::{
+    AuthenticatedNode, Domain, DomainId, IssuanceLimitError, IssuancePolicy, Node, RepositoryError, TokenHash,
+};
+
+/// Decides whether a Domain may issue another Node credential now.
+#[cfg_attr(test, mockall::automock)]
+#[async_trait::async_trait]
+pub trait Limiter: Send + Sync {
+    /// Spends one issuance from `domain`'s budget, sized from `policy` when it is `Some` and
+    /// from the process-wide default the adapter was built with when it is `None`.
+    ///
+    /// # Errors
+    /// - [`IssuanceLimitError::RateLimited`] MUST be returned when, and only when, the budget
+    ///   was evaluated and does not cover one issuance; nothing MUST have been spent, and
+    ///   `retry_after` MUST bound how long until it covers one.
+    /// - [`IssuanceLimitError::Unavailable`] MUST be returned whenever the budget could not be
+    ///   evaluated (the store did not answer, or the budget is unusable), carrying the cause.
+    ///   It MUST NOT be reported as `RateLimited`, or an outage would tell callers to back off
+    ///   from a cap none of them reached.
+    async fn spend_issuance(
+        &self,
+        domain: DomainId,
+        policy: Option<IssuancePolicy>,
+    ) -> Result<(), IssuanceLimitError>;
+}
+
+/// Where Domains and Nodes are kept. Tokens are kept only as their hashes.
+#[cfg_attr(test, mockall::automock)]
+#[async_trait::async_trait]
+pub trait AccessRepository: Send + Sync {
+    /// Stores a new Domain.
+    ///
+    /// # Errors
+    /// [`RepositoryError`] MUST be returned when the Domain could not be stored, carrying the
+    /// cause; `Ok` MUST mean it is stored.
+    async fn insert_domain(&self, domain: &Domain) -> Result<(), RepositoryError>;
+
+    /// The Domain with this id, or `None` when there is none.
+    ///
+    /// # Errors
+    /// [`RepositoryError`] MUST be returned when the store could not answer or holds a Domain
+    /// that does not validate; a missing Domain MUST be `Ok(None)`, never an error.
+    async fn find_domain(&self, id: DomainId) -> Result<Option<Domain>, RepositoryError>;
+
+    /// Stores a new Node with the hash of its credential.
+    ///
+    /// # Errors
+    /// [`RepositoryError`] MUST be returned when the Node could not be stored (including when
+    /// its Domain does not exist), carrying the cause; `Ok` MUST mean it is stored and
+    /// `token_hash` authenticates it.
+    async fn insert_node(&self, node: &Node, token_hash: &TokenHash) -> Result<(), RepositoryError>;
+
+    /// The Node whose credential hashes to `token_hash`, or `None` when no Node's does.
+    ///
+    /// # Errors
+    /// [`RepositoryError`] MUST be returned when the store could not answer; an unknown hash
+    /// MUST be `Ok(None)`, never an error.
+    async fn find_node_by_token(
+        &self,
+        token_hash: &TokenHash,
+    ) -> Result<Option<AuthenticatedNode>, RepositoryError>;
+}

@@ -1,0 +1,82 @@
+//! The access context's use cases: create Domains, enrol Nodes, authenticate them.
+
+use std::sync::Arc;
+
+use crate::{
+    AccessRepository, AuthError, AuthenticatedNode, CreateDomainError, Domain, DomainId, EnrolError,
+    Enrolment, Limiter, NewDomain, Node, NodeId, NodeName, NodeToken, RepositoryError,
+};
+
+#[cfg(test)]
+mod tests;
+
+/// Domains, Node enrolment and Node authentication, over a store and an issuance limiter.
+///
+/// Cloning is cheap and clones share both ports.
+#[derive(Clone)]
+pub struct AccessService {
+    repository: Arc<dyn AccessRepository>,
+    limiter: Arc<dyn Limiter>,
+}
+
+impl AccessService {
+    /// A service over `repository`, spending issuances from `limiter`.
+    pub fn new(repository: Arc<dyn AccessRepository>, limiter: Arc<dyn Limiter>) -> AccessService {
+        AccessService { repository, limiter }
+    }
+
+    /// Creates a Domain under a new random id.
+    ///
+    /// # Errors
+    /// [`CreateDomainError::Unavailable`] when the store could not answer.
+    pub async fn create_domain(&self, new: NewDomain) -> Result<Domain, CreateDomainError> {
+        let domain = Domain { id: DomainId::random(), name: new.name, issuance_policy: new.issuance_policy };
+        self.repository.insert_domain(&domain).await?;
+        Ok(domain)
+    }
+
+    /// The Domain with this id, or `None` when there is none.
+    ///
+    /// # Errors
+    /// [`RepositoryError`] when the store could not answer.
+    pub async fn find_domain(&self, id: DomainId) -> Result<Option<Domain>, RepositoryError> {
+        self.repository.find_domain(id).await
+    }
+
+    /// Enrols a Node into a Domain and issues its credential, spending one issuance from the
+    /// Domain's budget.
+    ///
+    /// The returned token is the only copy: the store keeps its hash.
+    ///
+    /// # Errors
+    /// - [`EnrolError::UnknownDomain`] when no Domain has this id; nothing is spent.
+    /// - [`EnrolError::IssuanceRateLimited`] when the Domain's issuance budget refuses.
+    /// - [`EnrolError::Unavailable`] when the store or the limiter could not answer.
+    pub async fn enroll_node(&self, domain_id: DomainId, name: NodeName) -> Result<Enrolment, EnrolError> {
+        // The Domain is looked up first, both to size the budget from its own policy and so
+        // that a caller naming Domains that do not exist cannot mint buckets for them.
+        let domain =
+            self.repository.find_domain(domain_id).await?.ok_or(EnrolError::UnknownDomain(domain_id))?;
+
+        self.limiter.spend_issuance(domain.id, domain.issuance_policy).await?;
+
+        // Spent before the insert, and not refunded if the insert fails: a refund is a second
+        // write that a crash could skip, and an issuance lost to an outage is harmless.
+        let token = NodeToken::generate();
+        let node = Node { id: NodeId::random(), domain_id: domain.id, name };
+        self.repository.insert_node(&node, &token.hash()).await?;
+        Ok(Enrolment { node, token })
+    }
+
+    /// The Node a presented token was issued to.
+    ///
+    /// # Errors
+    /// - [`AuthError::MalformedToken`] when `token` is not shaped like a Node token; the store
+    ///   is not asked.
+    /// - [`AuthError::UnknownToken`] when no Node holds it.
+    /// - [`AuthError::Unavailable`] when the store could not answer.
+    pub async fn authenticate(&self, token: &str) -> Result<AuthenticatedNode, AuthError> {
+        let token = NodeToken::parse(token)?;
+        self.repository.find_node_by_token(&token.hash()).await?.ok_or(AuthError::UnknownToken)
+    }
+}
