@@ -1,1 +1,32 @@
-//! The secrets context: named secrets per Domain, read by that Domain's Nodes.
+//! The secrets context: named secrets per Domain, written by operators and read by that
+//! Domain's Nodes.
+//!
+//! A [`Secret`] is a [`SecretName`] and a [`SecretValue`] held under one Domain. Operators
+//! write them with [`SecretsService::write`]; an authenticated Node reads them with
+//! [`SecretsService::read`] as a [`Reader`].
+//!
+//! Invariants:
+//! - A Node reads only its own Domain's secrets: the lookup is keyed by the reader's Domain,
+//!   so there is no query that could return another Domain's value.
+//! - Every read spends one read from the Node's budget and one from its Domain's, both or
+//!   neither, before the secret is looked up; probing for names that do not exist costs
+//!   budget like any other read. Writes are not rate limited.
+//! - A refused read ([`ReadError::NodeRateLimited`], [`ReadError::DomainRateLimited`]) and a
+//!   limiter or store that could not answer ([`ReadError::Unavailable`]) are different errors,
+//!   and neither is ever reported as the other.
+//! - A secret's value never appears in `Debug` output.
+//!
+//! Only [`persistence`](PgSecretRepository) names SQL or the rate-budget store; the model,
+//! ports and service build and test without a database.
+
+mod error;
+mod model;
+mod persistence;
+mod ports;
+mod service;
+
+pub use error::{BoxError, ReadError, ReadLimitError, RepositoryError, WriteError};
+pub use model::{DomainId, InvalidInput, NodeId, Reader, Secret, SecretName, SecretValue};
+pub use persistence::{PgSecretRepository, RateBudgetReadLimiter};
+pub use ports::{Limiter, SecretRepository};
+pub use service::SecretsService;

@@ -1,0 +1,166 @@
+//! The adapters binding the secrets context's ports to PostgreSQL: the secret store on
+//! `plexsphere.secrets`, and the read limiter on the shared rate budgets.
+//!
+//! This is the only module of the context that names `sqlx` or `ratebudget`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ratebudget::{Budget, Clock, PairDecision, Scope, Spend, Store};
+use sqlx::PgPool;
+
+use crate::{
+    DomainId, Limiter, ReadLimitError, Reader, RepositoryError, SecretName, SecretRepository, SecretValue,
+};
+
+/// What one read costs from each of its two budgets.
+const READ_COST: f64 = 1.0;
+
+/// What a refusal asks the caller to wait when its budget never covers a read (a zero rate,
+/// or a burst below one read), or when the wait does not fit a `Duration`.
+const RETRY_AFTER_NEVER: Duration = Duration::from_secs(60 * 60);
+
+const PUT: &str = "\
+INSERT INTO plexsphere.secrets (domain_id, name, value, updated_at)
+VALUES ($1, $2, $3, now())
+ON CONFLICT (domain_id, name) DO UPDATE
+SET value = EXCLUDED.value,
+    updated_at = EXCLUDED.updated_at";
+
+const GET: &str = "\
+SELECT value
+FROM plexsphere.secrets
+WHERE domain_id = $1
+  AND name = $2";
+
+/// The secret store on `plexsphere.secrets`.
+#[derive(Clone, Debug)]
+pub struct PgSecretRepository {
+    pool: PgPool,
+}
+
+impl PgSecretRepository {
+    /// A store on `pool`, which must have the workspace's migrations applied.
+    pub fn new(pool: PgPool) -> PgSecretRepository {
+        PgSecretRepository { pool }
+    }
+}
+
+#[async_trait::async_trait]
+impl SecretRepository for PgSecretRepository {
+    async fn put(
+        &self,
+        domain: DomainId,
+        name: &SecretName,
+        value: &SecretValue,
+    ) -> Result<(), RepositoryError> {
+        sqlx::query(PUT)
+            .bind(domain.as_uuid())
+            .bind(name.as_str())
+            .bind(value.expose())
+            .execute(&self.pool)
+            .await
+            .map_err(|error| RepositoryError(error.into()))?;
+        Ok(())
+    }
+
+    async fn get(&self, domain: DomainId, name: &SecretName) -> Result<Option<SecretValue>, RepositoryError> {
+        let stored: Option<String> = sqlx::query_scalar(GET)
+            .bind(domain.as_uuid())
+            .bind(name.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|error| RepositoryError(error.into()))?;
+        // The table's CHECK holds the value rule, so a stored value that fails it means the
+        // table is not what this build expects: the store is broken, the secret is not absent.
+        stored.map(SecretValue::new).transpose().map_err(|invalid| RepositoryError(invalid.into()))
+    }
+}
+
+/// The read limiter on the shared rate budgets: one read costs one token from the Node's
+/// `secret_read_node` bucket and one from its Domain's `secret_read_domain` bucket.
+///
+/// Both are taken in one [`Store::take_pair`] call, all-or-nothing (docs/adr/0002). Two
+/// separate takes would make a refusal cost the other budget: a Domain at its cap would
+/// still drain the Node's bucket for reads it never got, and a Node at its own cap would
+/// still spend its Domain's budget, starving the Domain's other Nodes. A refund after the
+/// fact could be skipped by a crash or a timeout between the two calls.
+///
+/// `now` is read from the clock on every call, so tests drive refills with a
+/// [`ratebudget::ManualClock`]. Every [`ratebudget::Error`] is [`ReadLimitError::Unavailable`],
+/// validation errors included: they mean this adapter is misconfigured (an unusable budget) or
+/// was handed a zero id, and must never read as a refusal.
+#[derive(Clone, Debug)]
+pub struct RateBudgetReadLimiter {
+    store: Store,
+    clock: Arc<dyn Clock>,
+    node_budget: Budget,
+    domain_budget: Budget,
+}
+
+impl RateBudgetReadLimiter {
+    /// A limiter taking from `store` at `clock`'s now, sizing every Node's bucket by
+    /// `node_budget` and every Domain's by `domain_budget`.
+    pub fn new(
+        store: Store,
+        clock: Arc<dyn Clock>,
+        node_budget: Budget,
+        domain_budget: Budget,
+    ) -> RateBudgetReadLimiter {
+        RateBudgetReadLimiter { store, clock, node_budget, domain_budget }
+    }
+}
+
+#[async_trait::async_trait]
+impl Limiter for RateBudgetReadLimiter {
+    async fn spend_read(&self, reader: Reader) -> Result<(), ReadLimitError> {
+        // The Node's spend goes first, so `FirstRefused` names the Node.
+        let node = Spend {
+            scope: Scope::SecretReadNode,
+            key: reader.node.as_uuid().into(),
+            cost: READ_COST,
+            budget: self.node_budget,
+        };
+        let domain = Spend {
+            scope: Scope::SecretReadDomain,
+            key: reader.domain.as_uuid().into(),
+            cost: READ_COST,
+            budget: self.domain_budget,
+        };
+        match self.store.take_pair(node, domain, self.clock.now()).await {
+            Ok(PairDecision::Granted) => Ok(()),
+            Ok(PairDecision::FirstRefused) => {
+                Err(ReadLimitError::NodeRateLimited { retry_after: retry_after(self.node_budget) })
+            }
+            Ok(PairDecision::SecondRefused) => {
+                Err(ReadLimitError::DomainRateLimited { retry_after: retry_after(self.domain_budget) })
+            }
+            Err(error) => Err(ReadLimitError::Unavailable(error.into())),
+        }
+    }
+}
+
+/// How long a caller refused by `budget` should wait: the time an empty bucket takes to
+/// cover one read, which bounds the wait whatever the bucket holds now.
+fn retry_after(budget: Budget) -> Duration {
+    budget
+        .seconds_to_cover(READ_COST)
+        // A rate so small the wait overflows a Duration is, to a caller, one that never refills.
+        .and_then(|seconds| Duration::try_from_secs_f64(seconds).ok())
+        .unwrap_or(RETRY_AFTER_NEVER)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_the_time_to_refill_one_read_or_an_hour_when_it_never_refills() {
+        let budget = |per_second, burst| Budget { per_second, burst };
+        assert_eq!(retry_after(budget(2.0, 10.0)), Duration::from_millis(500));
+        assert_eq!(retry_after(budget(0.25, 1.0)), Duration::from_secs(4));
+        assert_eq!(retry_after(budget(0.0, 10.0)), RETRY_AFTER_NEVER);
+        assert_eq!(retry_after(budget(1.0, 0.5)), RETRY_AFTER_NEVER);
+        assert_eq!(retry_after(budget(f64::MIN_POSITIVE, 10.0)), RETRY_AFTER_NEVER);
+    }
+}
