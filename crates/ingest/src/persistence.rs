@@ -1,0 +1,131 @@
+//! The adapters that bind ingest's ports to PostgreSQL: the batch table, and the shared rate
+//! budgets as the two ingest quotas.
+//!
+//! This is the only module of the context that names `sqlx` or `ratebudget`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ratebudget::{Budget, Clock, Key, PairDecision, Scope, Spend, Store};
+use sqlx::PgPool;
+
+use crate::{BatchId, BatchRepository, Limiter, QuotaError, RepositoryError, Sender};
+
+/// The wait a refusal reports when the refusing quota can never cover the batch (a batch
+/// above its burst, or a quota that does not refill). Nothing the Node waits for helps, but
+/// a Retry-After must be finite, and an hour keeps a misbehaving Node from retrying in a loop.
+const NEVER_COVERED_RETRY_AFTER: Duration = Duration::from_secs(3600);
+
+/// Batches in `plexsphere.ingest_batches`.
+#[derive(Clone, Debug)]
+pub struct PgBatchRepository {
+    pool: PgPool,
+}
+
+impl PgBatchRepository {
+    /// A repository on `pool`, which must have the workspace's migrations applied.
+    pub fn new(pool: PgPool) -> PgBatchRepository {
+        PgBatchRepository { pool }
+    }
+}
+
+#[async_trait::async_trait]
+impl BatchRepository for PgBatchRepository {
+    async fn insert(&self, id: BatchId, sender: Sender, payload: &[u8]) -> Result<(), RepositoryError> {
+        // byte_count is written rather than derived so the batch list can be summed without
+        // reading payloads; the table's CHECK keeps it equal to the payload's length.
+        let byte_count = i64::try_from(payload.len()).map_err(|error| RepositoryError(Box::new(error)))?;
+        // One statement on the pool runs in its own transaction, so it is committed when
+        // execute returns. received_at is left to its default, the statement's timestamp.
+        sqlx::query(
+            "INSERT INTO plexsphere.ingest_batches (id, node_id, domain_id, byte_count, payload)
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(id.as_uuid())
+        .bind(sender.node.as_uuid())
+        .bind(sender.domain.as_uuid())
+        .bind(byte_count)
+        .bind(payload)
+        .execute(&self.pool)
+        .await
+        .map_err(|error| RepositoryError(Box::new(error)))?;
+        Ok(())
+    }
+}
+
+/// The ingest quotas as two shared rate budgets: `ingest_node` keyed by the Node and
+/// `ingest_domain` keyed by its Domain, each costing the batch's bytes.
+///
+/// Both are spent in one [`Store::take_pair`] call, all-or-nothing (docs/adr/0002). Two
+/// single takes in a row would either lose the Node's debit when the Domain refuses (the
+/// Node pays for a batch that was never accepted) or need a refund that a crash or timeout
+/// between the two can skip, and would cost a second round trip on every batch.
+///
+/// `now` is read from the clock on every call, so tests drive refills with a manual clock.
+#[derive(Clone, Debug)]
+pub struct RateBudgetQuotaLimiter {
+    store: Store,
+    clock: Arc<dyn Clock>,
+    node_budget: Budget,
+    domain_budget: Budget,
+}
+
+impl RateBudgetQuotaLimiter {
+    /// A limiter spending from `store` at `clock`'s time, sizing each Node's bucket with
+    /// `node_budget` and each Domain's with `domain_budget` (in bytes and bytes per second).
+    pub fn new(
+        store: Store,
+        clock: Arc<dyn Clock>,
+        node_budget: Budget,
+        domain_budget: Budget,
+    ) -> RateBudgetQuotaLimiter {
+        RateBudgetQuotaLimiter { store, clock, node_budget, domain_budget }
+    }
+}
+
+#[async_trait::async_trait]
+impl Limiter for RateBudgetQuotaLimiter {
+    async fn spend_bytes(&self, sender: Sender, bytes: u64) -> Result<(), QuotaError> {
+        // Exact up to 2^53 bytes, far beyond any batch a server accepts.
+        let cost = bytes as f64;
+        let node = Spend {
+            scope: Scope::IngestNode,
+            key: Key::from(sender.node.as_uuid()),
+            cost,
+            budget: self.node_budget,
+        };
+        let domain = Spend {
+            scope: Scope::IngestDomain,
+            key: Key::from(sender.domain.as_uuid()),
+            cost,
+            budget: self.domain_budget,
+        };
+        // Any error, validation included, means the quotas were not evaluated: a
+        // misconfigured budget must fail closed as an outage, never read as a refusal.
+        let decision = self
+            .store
+            .take_pair(node, domain, self.clock.now())
+            .await
+            .map_err(|error| QuotaError::Unavailable(Box::new(error)))?;
+        match decision {
+            PairDecision::Granted => Ok(()),
+            PairDecision::FirstRefused => {
+                Err(QuotaError::NodeQuotaExceeded { retry_after: retry_after(self.node_budget, cost) })
+            }
+            PairDecision::SecondRefused => {
+                Err(QuotaError::DomainQuotaExceeded { retry_after: retry_after(self.domain_budget, cost) })
+            }
+        }
+    }
+}
+
+/// How long the refusing bucket needs, from empty, to cover `cost`: an upper bound on the
+/// wait whatever it holds now, so a Node that waits this long is not refused again for lack
+/// of refill.
+fn retry_after(budget: Budget, cost: f64) -> Duration {
+    budget
+        .seconds_to_cover(cost)
+        // A rate so slow that the wait overflows a Duration is as good as never.
+        .and_then(|seconds| Duration::try_from_secs_f64(seconds).ok())
+        .unwrap_or(NEVER_COVERED_RETRY_AFTER)
+}
