@@ -16,11 +16,12 @@ pub(crate) fn key() -> ratebudget::Key {
     uuid::Uuid::new_v4().into()
 }
 
-/// A pool whose every connection attempt fails at once: nothing listens on port 1.
-/// A call that answers on it cannot have sent a query.
+/// A pool whose every connection attempt is refused: nothing listens on port 1.
+/// A call that answers on it cannot have sent a query; one that queries fails once the
+/// pool stops retrying, after a short acquire timeout.
 pub(crate) fn unreachable_pool() -> PgPool {
     PgPoolOptions::new()
-        .acquire_timeout(Duration::from_secs(2))
+        .acquire_timeout(Duration::from_millis(300))
         .connect_lazy("postgres://postgres@127.0.0.1:1/unreachable")
         .unwrap()
 }

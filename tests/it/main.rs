@@ -5,7 +5,12 @@
 //! `DATABASE_URL` and migrated with `app::MIGRATOR`.
 
 mod access_adapters;
+mod app_api;
+mod app_outage;
+mod app_replicas;
 mod helpers;
 mod ingest_adapters;
+mod proxy;
 mod ratebudget_store;
+mod replicas;
 mod secrets_adapters;

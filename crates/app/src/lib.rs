@@ -1,10 +1,20 @@
-//! The plexsphere composition root: it owns the database schema as a whole, reads the knobs,
-//! builds the pools and binds each context's ports to their adapters.
+//! The plexsphere composition root: it owns the database schema as a whole, reads the knobs
+//! once at boot, builds the pools, binds each context's ports to their adapters, serves the
+//! HTTP API and runs the leader-elected background loops.
+
+pub mod cli;
+pub mod config;
+pub mod http;
+pub mod leader;
+pub mod limits;
+pub mod metrics;
+pub mod startup;
+pub mod sweep;
 
 use sqlx::migrate::Migrator;
 
 /// Every migration of the database, embedded at build time from the top-level `migrations/`.
 ///
-/// One set for the whole database, applied by `plexsphere migrate` and by every test that
-/// needs a fresh database.
+/// One set for the whole database, applied by `plexsphere migrate` (and `serve`, first) and
+/// by every test that needs a fresh database.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../../migrations");

@@ -1,10 +1,9 @@
 //! `plexsphere`: the binary every replica runs.
 
-use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "plexsphere", about = "Shared rate budgets for a multi-replica API")]
+#[command(name = "plexsphere", about = "Shared rate budgets for a multi-replica API", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -12,11 +11,27 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the HTTP API and run the leader-elected loops (knobs: see .env.example).
+    Serve {
+        /// Do not apply pending migrations before serving.
+        #[arg(long)]
+        no_migrate: bool,
+    },
     /// Apply every pending migration to DATABASE_URL.
-    Migrate {
-        /// The database to migrate.
-        #[arg(long, env = "DATABASE_URL")]
-        database_url: String,
+    Migrate,
+    /// Read rate budgets.
+    Budgets {
+        #[command(subcommand)]
+        command: BudgetsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum BudgetsCommand {
+    /// Every scope's tokens and refilled_at for one Node or Domain.
+    Show {
+        /// The Node or Domain id.
+        key: uuid::Uuid,
     },
 }
 
@@ -28,12 +43,19 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     match Cli::parse().command {
-        Command::Migrate { database_url } => {
-            let pool =
-                sqlx::PgPool::connect(&database_url).await.context("failed to connect to DATABASE_URL")?;
-            app::MIGRATOR.run(&pool).await.context("failed to apply migrations")?;
-            tracing::info!("migrations applied");
+        Command::Serve { no_migrate } => {
+            let config = match app::config::Config::from_env() {
+                Ok(config) => config,
+                Err(error) => {
+                    eprintln!("plexsphere: refusing to start: {error}");
+                    std::process::exit(2);
+                }
+            };
+            app::cli::serve(config, !no_migrate).await
+        }
+        Command::Migrate => app::cli::migrate(app::cli::database_from_env()?).await,
+        Command::Budgets { command: BudgetsCommand::Show { key } } => {
+            app::cli::show_budgets(app::cli::database_from_env()?, key, &mut std::io::stdout()).await
         }
     }
-    Ok(())
 }

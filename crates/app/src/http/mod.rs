@@ -1,0 +1,114 @@
+//! The HTTP API: routes, the state they share, and the deadline every database call gets.
+//!
+//! Handlers translate: JSON and paths in, context service calls, context errors out as
+//! [`ApiError`]s. They hold no database handle of their own beyond the readiness probe's.
+
+mod auth;
+mod error;
+mod node;
+mod operator;
+mod probes;
+
+use std::future::Future;
+use std::time::Duration;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post, put};
+use axum::Router;
+use sqlx::PgPool;
+
+pub use auth::{CredentialCache, OperatorToken};
+pub use error::{retry_after_seconds, ApiError};
+
+use crate::metrics::Metrics;
+
+/// The largest JSON body an operator route reads: a 64 KiB secret, JSON-escaped, fits.
+const OPERATOR_BODY_LIMIT: usize = 512 * 1024;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    /// Domains, enrolment and Node credentials.
+    pub access: access::AccessService,
+    /// Secrets per Domain.
+    pub secrets: secrets::SecretsService,
+    /// Telemetry batches.
+    pub ingest: ingest::IngestService,
+    /// The rate budgets, for operators reading one key's buckets.
+    pub budgets: ratebudget::Store,
+    /// The operator routes' token.
+    pub operator_token: OperatorToken,
+    /// Recently authenticated Node tokens.
+    pub credentials: CredentialCache,
+    /// The pool `/readyz` asks.
+    pub readiness: PgPool,
+    /// The longest any request waits for the database.
+    pub database_timeout: Duration,
+    /// The largest telemetry batch accepted.
+    pub ingest_max_batch_bytes: usize,
+    /// This process's metrics.
+    pub metrics: Metrics,
+}
+
+impl AppState {
+    /// Runs a call that may wait on the database, answering 500 when it takes longer than the
+    /// database timeout. The pool's own acquire timeout bounds waiting for a connection; this
+    /// bounds everything after it too, such as a statement stuck behind a lock.
+    pub async fn bounded<T>(&self, what: &'static str, call: impl Future<Output = T>) -> Result<T, ApiError> {
+        tokio::time::timeout(self.database_timeout, call).await.map_err(|_| {
+            tracing::error!(
+                timeout_ms = self.database_timeout.as_millis() as u64,
+                "{what}: the database did not answer in time"
+            );
+            ApiError::Internal
+        })
+    }
+}
+
+/// Every route of the API.
+pub fn router(state: AppState) -> Router {
+    let max_batch = state.ingest_max_batch_bytes;
+    Router::new()
+        .route("/v1/domains", post(operator::create_domain))
+        .route("/v1/domains/{domain_id}/nodes", post(operator::enroll_node))
+        .route("/v1/domains/{domain_id}/secrets/{name}", put(operator::put_secret))
+        .route("/v1/budgets/{key}", get(operator::show_budgets))
+        .layer(DefaultBodyLimit::max(OPERATOR_BODY_LIMIT))
+        .route("/v1/secrets/{name}", get(node::read_secret))
+        .route("/v1/ingest", post(node::ingest).layer(DefaultBodyLimit::max(max_batch)))
+        .route("/healthz", get(probes::healthz))
+        .route("/readyz", get(probes::readyz))
+        .route("/metrics", get(probes::metrics))
+        .fallback(probes::not_found)
+        .method_not_allowed_fallback(probes::method_not_allowed)
+        .with_state(state)
+}
+
+/// Parses a uuid from a path segment, or answers 400 naming the segment.
+fn parse_uuid(segment: &str, what: &str) -> Result<uuid::Uuid, ApiError> {
+    uuid::Uuid::parse_str(segment)
+        .map_err(|_| ApiError::BadRequest(format!("{what} is not a uuid: {segment:?}")))
+}
+
+/// Parses a JSON body, answering 400 for anything malformed and 413 for a body over the limit.
+fn parse_json<T: serde::de::DeserializeOwned>(
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+    limit: usize,
+) -> Result<T, ApiError> {
+    let body = read_body(body, limit)?;
+    serde_json::from_slice(&body)
+        .map_err(|error| ApiError::BadRequest(format!("malformed JSON body: {error}")))
+}
+
+fn read_body(
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+    limit: usize,
+) -> Result<axum::body::Bytes, ApiError> {
+    body.map_err(|rejection| {
+        if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge { limit }
+        } else {
+            ApiError::BadRequest(format!("unreadable body: {rejection}"))
+        }
+    })
+}

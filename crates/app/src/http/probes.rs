@@ -1,0 +1,47 @@
+//! Probes, metrics and the answers for unknown routes.
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use super::{ApiError, AppState};
+
+/// `GET /healthz`: the process answers. It does not ask the database, so an orchestrator does
+/// not restart every replica during a database outage that a restart cannot fix.
+pub(super) async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+/// `GET /readyz`: 200 only when the database answers in time, so a load balancer sends
+/// traffic elsewhere while it does not.
+pub(super) async fn readyz(State(state): State<AppState>) -> Response {
+    let probe = sqlx::query("SELECT 1").execute(&state.readiness);
+    match tokio::time::timeout(state.database_timeout, probe).await {
+        Ok(Ok(_)) => Json(json!({ "status": "ready" })).into_response(),
+        Ok(Err(error)) => not_ready(&error.to_string()),
+        Err(_) => not_ready("the database did not answer in time"),
+    }
+}
+
+fn not_ready(cause: &str) -> Response {
+    tracing::warn!(cause, "not ready: the database does not answer");
+    let body = json!({ "error": "the database does not answer", "code": "not_ready" });
+    (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+}
+
+/// `GET /metrics`: the OpenMetrics text Prometheus scrapes.
+pub(super) async fn metrics(State(state): State<AppState>) -> Response {
+    let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+    ([(header::CONTENT_TYPE, content_type)], state.metrics.render()).into_response()
+}
+
+pub(super) async fn not_found() -> ApiError {
+    ApiError::NotFound { code: "not_found", message: "no such route".into() }
+}
+
+pub(super) async fn method_not_allowed() -> Response {
+    let body = json!({ "error": "method not allowed on this route", "code": "method_not_allowed" });
+    (StatusCode::METHOD_NOT_ALLOWED, Json(body)).into_response()
+}

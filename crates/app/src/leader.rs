@@ -1,0 +1,201 @@
+//! Leader election: exactly one replica at a time runs the background loops.
+//!
+//! The leader is whichever replica holds a PostgreSQL session advisory lock on a connection of
+//! its own, outside every pool. The lock lives exactly as long as that session, so a replica
+//! that dies (or whose session the server drops) releases it without anyone's help, and no
+//! lease table, heartbeat column or clock comparison is needed. docs/adr/0003 says why.
+//!
+//! Advisory-lock keys taken by this process (one bigint each, `pg_try_advisory_lock(key)`):
+//!
+//! | key | guards |
+//! |---|---|
+//! | [`LEADER_LOCK_KEY`] (`0x706c_6578_7370_6801`) | the background loops: `rate-budget-sweep` |
+//!
+//! sqlx's migrator takes a lock of its own while migrating; it derives its key from the
+//! database name, so it cannot collide with this one in practice.
+//!
+//! Timing ([`LeaderTiming::STANDARD`]): a follower asks for the lock every 3 s; a leader checks
+//! its session every 2 s and gives up leadership when a check fails or takes over 3 s, so a
+//! replica cut off from the database stops leading within 5 s. The server drops a cut-off
+//! session (and with it the lock) within about 10 s, because the leader's session asks for
+//! aggressive TCP keepalives; the next follower's attempt then wins, so a new leader is in
+//! place within about 13 s of a cut, and at once when the leader shuts down or dies.
+
+use std::time::Duration;
+
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions, Connection, PgConnection};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+
+/// The advisory-lock key whose holder is the leader: "plexsph" and a serial number.
+pub const LEADER_LOCK_KEY: i64 = 0x706c_6578_7370_6801;
+
+/// How often the elector acts, and how long it waits for the database.
+#[derive(Clone, Copy, Debug)]
+pub struct LeaderTiming {
+    /// How often a follower asks for the lock (and retries a lost connection).
+    pub retry: Duration,
+    /// How often a leader checks that its session is alive.
+    pub ping: Duration,
+    /// How long any one statement (or the connection itself) may take before it counts as lost.
+    pub timeout: Duration,
+}
+
+impl LeaderTiming {
+    /// The production timing; see the module documentation for what it guarantees.
+    pub const STANDARD: LeaderTiming = LeaderTiming {
+        retry: Duration::from_secs(3),
+        ping: Duration::from_secs(2),
+        timeout: Duration::from_secs(3),
+    };
+}
+
+/// A view of whether this replica leads right now; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Leadership {
+    leading: watch::Receiver<bool>,
+}
+
+impl Leadership {
+    /// Whether this replica holds the leader lock right now.
+    pub fn is_leader(&self) -> bool {
+        *self.leading.borrow()
+    }
+
+    /// Waits until this replica's leadership is `leading` (returns at once if it already is).
+    pub async fn wait_until(&mut self, leading: bool) {
+        // The sender lives as long as the elector task; if that is gone, nobody leads.
+        let _ = self.leading.wait_for(|now| *now == leading).await;
+    }
+}
+
+/// Starts the elector; it runs until `shutdown` is cancelled and then releases the lock.
+pub fn spawn(
+    database: PgConnectOptions,
+    timing: LeaderTiming,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+) -> (Leadership, JoinHandle<()>) {
+    let (tell, leading) = watch::channel(false);
+    let elector = Elector { database: leader_session_options(database), timing, metrics, tell };
+    let task = tokio::spawn(elector.run(shutdown));
+    (Leadership { leading }, task)
+}
+
+/// The leader's session asks the server to probe its socket every couple of seconds, so the
+/// server notices a replica that vanished (and frees the lock) in seconds rather than after
+/// the kernel's two-hour keepalive default.
+fn leader_session_options(database: PgConnectOptions) -> PgConnectOptions {
+    database
+        .application_name("plexsphere-leader")
+        .options([
+            ("tcp_keepalives_idle", "4"),
+            ("tcp_keepalives_interval", "2"),
+            ("tcp_keepalives_count", "3"),
+        ])
+        .log_statements(tracing::log::LevelFilter::Trace)
+}
+
+struct Elector {
+    database: PgConnectOptions,
+    timing: LeaderTiming,
+    metrics: Metrics,
+    tell: watch::Sender<bool>,
+}
+
+impl Elector {
+    async fn run(self, shutdown: CancellationToken) {
+        let mut session: Option<PgConnection> = None;
+        let mut leading = false;
+        let mut last_failure_logged = false;
+        loop {
+            let wait = if leading { self.timing.ping } else { self.timing.retry };
+            match session.as_mut() {
+                None => match self.bounded(PgConnection::connect_with(&self.database)).await {
+                    Ok(connection) => {
+                        session = Some(connection);
+                        last_failure_logged = false;
+                        continue;
+                    }
+                    Err(error) => {
+                        // One line per outage, not one per retry.
+                        if !last_failure_logged {
+                            tracing::warn!(error = %error, "leader elector cannot reach the database; retrying");
+                            last_failure_logged = true;
+                        }
+                    }
+                },
+                Some(connection) if leading => {
+                    if let Err(error) = self.bounded(sqlx::query("SELECT 1").execute(&mut *connection)).await
+                    {
+                        tracing::warn!(error = %error, "lost leadership: the leader session stopped answering");
+                        leading = false;
+                        self.announce(false);
+                        session = None;
+                        continue;
+                    }
+                }
+                Some(connection) => {
+                    let attempt = sqlx::query_scalar::<_, bool>("SELECT pg_try_advisory_lock($1)")
+                        .bind(LEADER_LOCK_KEY)
+                        .fetch_one(&mut *connection);
+                    match self.bounded(attempt).await {
+                        Ok(true) => {
+                            tracing::info!("became leader");
+                            leading = true;
+                            self.announce(true);
+                            continue;
+                        }
+                        Ok(false) => {}
+                        Err(error) => {
+                            tracing::warn!(error = %error, "leader election failed; reconnecting");
+                            session = None;
+                        }
+                    }
+                }
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+        if leading {
+            self.announce(false);
+            if let Some(mut connection) = session.take() {
+                let unlock = sqlx::query("SELECT pg_advisory_unlock($1)")
+                    .bind(LEADER_LOCK_KEY)
+                    .execute(&mut connection);
+                match self.bounded(unlock).await {
+                    Ok(_) => tracing::info!("released leadership"),
+                    Err(error) => {
+                        tracing::warn!(error = %error, "could not release leadership; the session's end will")
+                    }
+                }
+                let _ = self.bounded(connection.close()).await;
+            }
+        }
+    }
+
+    fn announce(&self, leading: bool) {
+        self.metrics.set_leader(leading);
+        self.tell.send_replace(leading);
+    }
+
+    /// Runs one database call, turning a hang into an error after the timeout.
+    async fn bounded<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, sqlx::Error> {
+        match tokio::time::timeout(self.timing.timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the database did not answer in time",
+            ))),
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! Decorators around the contexts' limiter ports that count every decision by scope and
+//! outcome for `/metrics`, without the contexts knowing metrics exist.
+
+use std::sync::Arc;
+
+use crate::metrics::{Metrics, Outcome, ScopeLabel};
+
+/// Counts the decisions of the secrets context's limiter.
+pub struct MeteredReadLimiter {
+    /// The limiter that decides.
+    pub inner: Arc<dyn secrets::Limiter>,
+    /// Where decisions are counted.
+    pub metrics: Metrics,
+}
+
+#[async_trait::async_trait]
+impl secrets::Limiter for MeteredReadLimiter {
+    async fn spend_read(&self, reader: secrets::Reader) -> Result<(), secrets::ReadLimitError> {
+        let decision = self.inner.spend_read(reader).await;
+        let (node, domain) = (ScopeLabel::secret_read_node, ScopeLabel::secret_read_domain);
+        match &decision {
+            Ok(()) => self.pair(node, domain, Outcome::granted, Outcome::granted),
+            // A pair is all-or-nothing, so only the bucket that refused was decided.
+            Err(secrets::ReadLimitError::NodeRateLimited { .. }) => {
+                self.metrics.decision(node, Outcome::refused)
+            }
+            Err(secrets::ReadLimitError::DomainRateLimited { .. }) => {
+                self.metrics.decision(domain, Outcome::refused)
+            }
+            Err(secrets::ReadLimitError::Unavailable(_)) => {
+                self.pair(node, domain, Outcome::error, Outcome::error)
+            }
+        }
+        decision
+    }
+}
+
+impl MeteredReadLimiter {
+    fn pair(&self, first: ScopeLabel, second: ScopeLabel, first_outcome: Outcome, second_outcome: Outcome) {
+        self.metrics.decision(first, first_outcome);
+        self.metrics.decision(second, second_outcome);
+    }
+}
+
+/// Counts the decisions of the access context's issuance limiter.
+pub struct MeteredIssuanceLimiter {
+    /// The limiter that decides.
+    pub inner: Arc<dyn access::Limiter>,
+    /// Where decisions are counted.
+    pub metrics: Metrics,
+}
+
+#[async_trait::async_trait]
+impl access::Limiter for MeteredIssuanceLimiter {
+    async fn spend_issuance(
+        &self,
+        domain: access::DomainId,
+        policy: Option<access::IssuancePolicy>,
+    ) -> Result<(), access::IssuanceLimitError> {
+        let decision = self.inner.spend_issuance(domain, policy).await;
+        let outcome = match &decision {
+            Ok(()) => Outcome::granted,
+            Err(access::IssuanceLimitError::RateLimited { .. }) => Outcome::refused,
+            Err(access::IssuanceLimitError::Unavailable(_)) => Outcome::error,
+        };
+        self.metrics.decision(ScopeLabel::access_issuance_domain, outcome);
+        decision
+    }
+}
+
+/// Counts the decisions of the ingest context's quota limiter.
+pub struct MeteredQuotaLimiter {
+    /// The limiter that decides.
+    pub inner: Arc<dyn ingest::Limiter>,
+    /// Where decisions are counted.
+    pub metrics: Metrics,
+}
+
+#[async_trait::async_trait]
+impl ingest::Limiter for MeteredQuotaLimiter {
+    async fn spend_bytes(&self, sender: ingest::Sender, bytes: u64) -> Result<(), ingest::QuotaError> {
+        let decision = self.inner.spend_bytes(sender, bytes).await;
+        let (node, domain) = (ScopeLabel::ingest_node, ScopeLabel::ingest_domain);
+        match &decision {
+            Ok(()) => {
+                self.metrics.decision(node, Outcome::granted);
+                self.metrics.decision(domain, Outcome::granted);
+            }
+            Err(ingest::QuotaError::NodeQuotaExceeded { .. }) => {
+                self.metrics.decision(node, Outcome::refused)
+            }
+            Err(ingest::QuotaError::DomainQuotaExceeded { .. }) => {
+                self.metrics.decision(domain, Outcome::refused)
+            }
+            Err(ingest::QuotaError::Unavailable(_)) => {
+                self.metrics.decision(node, Outcome::error);
+                self.metrics.decision(domain, Outcome::error);
+            }
+        }
+        decision
+    }
+}

@@ -1,0 +1,240 @@
+//! Building and running one replica: pools, adapters bound to ports, HTTP, leader and loops.
+
+use std::future::IntoFuture;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use ratebudget::{Clock, Store, SystemClock};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgPool};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::http::{self, AppState, CredentialCache, OperatorToken};
+use crate::leader::{self, LeaderTiming, Leadership};
+use crate::limits::{MeteredIssuanceLimiter, MeteredQuotaLimiter, MeteredReadLimiter};
+use crate::metrics::Metrics;
+use crate::sweep;
+
+/// How many Node credentials a replica keeps authenticated at once.
+const CREDENTIAL_CACHE_CAPACITY: usize = 100_000;
+
+/// What a test may vary that an operator never sets.
+#[derive(Clone, Debug)]
+pub struct Wiring {
+    /// Where limiters and the sweep read `now`.
+    pub clock: Arc<dyn Clock>,
+    /// How often the leader elector acts.
+    pub leader_timing: LeaderTiming,
+}
+
+impl Wiring {
+    /// The production wiring: the system clock and the standard leader timing.
+    pub fn production() -> Wiring {
+        Wiring { clock: Arc::new(SystemClock), leader_timing: LeaderTiming::STANDARD }
+    }
+}
+
+/// One running replica.
+pub struct Application {
+    local_addr: SocketAddr,
+    shutdown: CancellationToken,
+    leadership: Leadership,
+    metrics: Metrics,
+    server: JoinHandle<std::io::Result<()>>,
+    elector: JoinHandle<()>,
+    sweeper: JoinHandle<()>,
+}
+
+impl Application {
+    /// Binds the listener, builds the pools (lazily: the process starts and answers
+    /// `/healthz` even while the database is down) and starts serving, electing and sweeping.
+    ///
+    /// # Errors
+    /// When the listen address cannot be bound.
+    pub async fn build(config: Config, wiring: Wiring) -> anyhow::Result<Application> {
+        let metrics = Metrics::new();
+        let shutdown = CancellationToken::new();
+
+        let api_pool = request_pool(&config);
+        // The sweep gets a pool of its own so a long sweep never takes a request's connection.
+        let background_pool = PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_lazy_with(config.database.clone().application_name("plexsphere-background"));
+
+        let store = Store::new(api_pool.clone());
+        let state = AppState {
+            access: bind_access(&config, &api_pool, &store, &wiring, &metrics),
+            secrets: bind_secrets(&config, &api_pool, &store, &wiring, &metrics),
+            ingest: bind_ingest(&config, &api_pool, &store, &wiring, &metrics),
+            budgets: store,
+            operator_token: OperatorToken::new(&config.operator_token),
+            credentials: CredentialCache::new(CREDENTIAL_CACHE_CAPACITY),
+            readiness: api_pool,
+            database_timeout: config.database_timeout,
+            ingest_max_batch_bytes: config.ingest_max_batch_bytes,
+            metrics: metrics.clone(),
+        };
+
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("failed to listen on {}", config.listen))?;
+        let local_addr = listener.local_addr()?;
+        let server = tokio::spawn({
+            let shutdown = shutdown.clone();
+            // In-flight requests finish before this returns.
+            axum::serve(listener, http::router(state))
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .into_future()
+        });
+
+        let (leadership, elector) =
+            leader::spawn(config.database.clone(), wiring.leader_timing, metrics.clone(), shutdown.clone());
+        let sweeper = tokio::spawn(sweep::run(
+            Store::new(background_pool),
+            wiring.clock.clone(),
+            leadership.clone(),
+            metrics.clone(),
+            config.sweep_interval,
+            shutdown.clone(),
+        ));
+        tracing::info!(%local_addr, "serving");
+        Ok(Application { local_addr, shutdown, leadership, metrics, server, elector, sweeper })
+    }
+
+    /// The address the API listens on (useful when the configured port was 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Whether this replica leads, now and as it changes.
+    pub fn leadership(&self) -> Leadership {
+        self.leadership.clone()
+    }
+
+    /// This replica's metrics.
+    pub fn metrics(&self) -> Metrics {
+        self.metrics.clone()
+    }
+
+    /// A token that stops the replica gracefully when cancelled.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Runs until the shutdown token is cancelled (or a task ends on its own, which is logged
+    /// and stops the rest), then waits for in-flight requests and releases leadership.
+    ///
+    /// # Errors
+    /// When the HTTP server failed.
+    pub async fn run_until_stopped(self) -> anyhow::Result<()> {
+        let Application { shutdown, mut server, mut elector, mut sweeper, .. } = self;
+        let mut server_result = None;
+        tokio::select! {
+            () = shutdown.cancelled() => {}
+            result = &mut server => {
+                tracing::error!("the HTTP server stopped on its own");
+                server_result = Some(result);
+            }
+            _ = &mut elector => tracing::error!("the leader elector stopped on its own"),
+            _ = &mut sweeper => tracing::error!(loop_name = sweep::LOOP_NAME, "the loop stopped on its own"),
+        }
+        shutdown.cancel();
+        let server_result = match server_result {
+            Some(result) => result,
+            None => server.await,
+        };
+        // The elector releases the lock on its way out; wait for it so a successor can lead at once.
+        let _ = elector.await;
+        let _ = sweeper.await;
+        server_result.context("the HTTP server task panicked")?.context("the HTTP server failed")?;
+        tracing::info!("stopped");
+        Ok(())
+    }
+
+    /// Stops the replica gracefully and waits until it has.
+    ///
+    /// # Errors
+    /// As [`Application::run_until_stopped`].
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        self.run_until_stopped().await
+    }
+}
+
+/// The pool request paths use. Its acquire timeout bounds how long a request waits for a
+/// connection (sqlx would wait 30 s), and a statement timeout bounds what runs on one, so a
+/// request answers 500 instead of hanging while the database does not answer.
+fn request_pool(config: &Config) -> PgPool {
+    let statement_timeout_ms = config.database_timeout.as_millis().to_string();
+    let options: PgConnectOptions = config
+        .database
+        .clone()
+        .application_name("plexsphere-api")
+        .options([("statement_timeout", statement_timeout_ms.as_str())])
+        .log_statements(tracing::log::LevelFilter::Trace);
+    PgPoolOptions::new()
+        .max_connections(config.database_max_connections)
+        .acquire_timeout(config.database_timeout)
+        .connect_lazy_with(options)
+}
+
+fn bind_access(
+    config: &Config,
+    pool: &PgPool,
+    store: &Store,
+    wiring: &Wiring,
+    metrics: &Metrics,
+) -> access::AccessService {
+    let limiter = access::RateBudgetIssuanceLimiter::new(
+        store.clone(),
+        wiring.clock.clone(),
+        config.budgets.access_issuance,
+    );
+    access::AccessService::new(
+        Arc::new(access::PgAccessRepository::new(pool.clone())),
+        Arc::new(MeteredIssuanceLimiter { inner: Arc::new(limiter), metrics: metrics.clone() }),
+    )
+}
+
+fn bind_secrets(
+    config: &Config,
+    pool: &PgPool,
+    store: &Store,
+    wiring: &Wiring,
+    metrics: &Metrics,
+) -> secrets::SecretsService {
+    let limiter = secrets::RateBudgetReadLimiter::new(
+        store.clone(),
+        wiring.clock.clone(),
+        config.budgets.secret_read_node,
+        config.budgets.secret_read_domain,
+    );
+    secrets::SecretsService::new(
+        Arc::new(secrets::PgSecretRepository::new(pool.clone())),
+        Arc::new(MeteredReadLimiter { inner: Arc::new(limiter), metrics: metrics.clone() }),
+    )
+}
+
+fn bind_ingest(
+    config: &Config,
+    pool: &PgPool,
+    store: &Store,
+    wiring: &Wiring,
+    metrics: &Metrics,
+) -> ingest::IngestService {
+    let limiter = ingest::RateBudgetQuotaLimiter::new(
+        store.clone(),
+        wiring.clock.clone(),
+        config.budgets.ingest_node,
+        config.budgets.ingest_domain,
+    );
+    ingest::IngestService::new(
+        Arc::new(ingest::PgBatchRepository::new(pool.clone())),
+        Arc::new(MeteredQuotaLimiter { inner: Arc::new(limiter), metrics: metrics.clone() }),
+    )
+}

@@ -1,0 +1,91 @@
+//! The `rate-budget-sweep` loop: the leader deletes buckets idle for over an hour.
+//!
+//! The retention is not a tuning choice. Every shipped budget refills to full within seconds
+//! of being left alone, so a bucket idle for an hour is a full bucket, and deleting it is
+//! exactly what the next take would mint. What the sweep reclaims is the rows of Nodes and
+//! Domains that are gone.
+//!
+//! The loop carries no readiness probe: a sweep that never ran costs rows, not correctness,
+//! because a take refills from the stored instant whatever the row's age.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ratebudget::{Clock, Store};
+use tokio_util::sync::CancellationToken;
+
+use crate::leader::Leadership;
+use crate::metrics::Metrics;
+
+/// The loop's name, as it appears in logs.
+pub const LOOP_NAME: &str = "rate-budget-sweep";
+
+/// How long a bucket must be idle before the sweep deletes it.
+pub const RETENTION: chrono::TimeDelta = chrono::TimeDelta::hours(1);
+
+/// What one tick of the loop did.
+#[derive(Debug)]
+pub enum SweepOutcome {
+    /// This replica does not lead, so it left the table alone.
+    NotLeader,
+    /// The sweep ran and deleted this many idle buckets.
+    Swept {
+        /// Rows deleted.
+        deleted: u64,
+    },
+    /// The sweep failed; the next tick tries again.
+    Failed(ratebudget::Error),
+}
+
+/// Deletes every bucket idle since before `now - RETENTION`; one sweep, regardless of leadership.
+///
+/// # Errors
+/// The store's error when the database did not answer.
+pub async fn sweep_once(store: &Store, clock: &dyn Clock) -> Result<u64, ratebudget::Error> {
+    store.delete_idle(clock.now() - RETENTION).await
+}
+
+/// One tick: sweeps when this replica leads, and logs and counts what happened.
+pub async fn tick(
+    store: &Store,
+    clock: &dyn Clock,
+    leadership: &Leadership,
+    metrics: &Metrics,
+) -> SweepOutcome {
+    if !leadership.is_leader() {
+        return SweepOutcome::NotLeader;
+    }
+    match sweep_once(store, clock).await {
+        Ok(deleted) => {
+            tracing::info!(loop_name = LOOP_NAME, deleted, "swept idle rate budgets");
+            metrics.sweep(Some(deleted));
+            SweepOutcome::Swept { deleted }
+        }
+        Err(error) => {
+            tracing::warn!(loop_name = LOOP_NAME, error = %error, source = ?std::error::Error::source(&error), "sweep failed; the next tick retries");
+            metrics.sweep(None);
+            SweepOutcome::Failed(error)
+        }
+    }
+}
+
+/// Ticks every `interval` until `shutdown`; only the leader's ticks touch the table.
+pub async fn run(
+    store: Store,
+    clock: Arc<dyn Clock>,
+    leadership: Leadership,
+    metrics: Metrics,
+    interval: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut ticker = tokio::time::interval(interval);
+    // After a long stall, one sweep catches up; a burst of them would only repeat it.
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        tick(&store, clock.as_ref(), &leadership, &metrics).await;
+    }
+}

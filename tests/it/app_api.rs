@@ -1,0 +1,202 @@
+//! The HTTP API's contract through one replica: authentication, bad input, unknown things,
+//! isolation between Domains, and the operator's view of a budget.
+
+use std::sync::Arc;
+
+use ratebudget::ManualClock;
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+
+use crate::helpers::instant;
+use crate::replicas::{config, Replica};
+
+async fn replica(connect: &PgConnectOptions) -> Replica {
+    Replica::start(config(connect, &[]), Arc::new(ManualClock::new(instant()))).await
+}
+
+#[track_caller]
+fn check(answer: &crate::replicas::Answer, status: StatusCode, code: &str) {
+    assert_eq!((answer.status, answer.code()), (status, code), "{answer:?}");
+    assert!(answer.body["error"].as_str().is_some_and(|error| !error.is_empty()), "{answer:?}");
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn operator_routes_need_the_operator_token(_: PgPoolOptions, connect: PgConnectOptions) {
+    let replica = replica(&connect).await;
+    let body = Some(json!({ "name": "d" }).to_string().into_bytes());
+    for bearer in [None, Some("wrong-token"), Some("operator-token-for-tests-012345678")] {
+        let answer = replica.request(Method::POST, "/v1/domains", bearer, body.clone()).await;
+        check(&answer, StatusCode::UNAUTHORIZED, "unauthorized");
+    }
+    // A Node's token is not the operator's.
+    let domain = replica.create_domain("d", None).await;
+    let (_, node_token) = replica.enroll(&domain, "n").await;
+    let answer = replica.request(Method::POST, "/v1/domains", Some(&node_token), body).await;
+    check(&answer, StatusCode::UNAUTHORIZED, "unauthorized");
+    replica.stop().await;
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn bad_input_is_a_400_and_writes_nothing(pool_options: PgPoolOptions, connect: PgConnectOptions) {
+    let pool: PgPool = pool_options.connect_with(connect.clone()).await.unwrap();
+    let replica = replica(&connect).await;
+    let post = |path: &'static str, body: &'static str| {
+        replica.request(
+            Method::POST,
+            path,
+            Some(crate::replicas::OPERATOR_TOKEN),
+            Some(body.as_bytes().to_vec()),
+        )
+    };
+    for body in [
+        "{not json",
+        "{}",
+        r#"{"name": ""}"#,
+        r#"{"name": "d", "issuance_per_second": 1}"#,
+        r#"{"name": "d", "issuance_per_second": 0, "issuance_burst": 5}"#,
+        r#"{"name": "d", "issuance_per_second": 1, "issuance_burst": 0.5}"#,
+        r#"{"name": "d", "colour": "blue"}"#,
+    ] {
+        check(&post("/v1/domains", body).await, StatusCode::BAD_REQUEST, "bad_request");
+    }
+    let domains: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM plexsphere.domains").fetch_one(&pool).await.unwrap();
+    assert_eq!(domains, 0);
+
+    check(
+        &post("/v1/domains/not-a-uuid/nodes", r#"{"name": "n"}"#).await,
+        StatusCode::BAD_REQUEST,
+        "bad_request",
+    );
+    let answer = replica.operator(Method::GET, "/v1/budgets/12345", None).await;
+    check(&answer, StatusCode::BAD_REQUEST, "bad_request");
+    let domain = replica.create_domain("d", None).await;
+    let answer = replica
+        .operator(
+            Method::PUT,
+            &format!("/v1/domains/{domain}/secrets/bad%20name"),
+            Some(json!({ "value": "v" })),
+        )
+        .await;
+    check(&answer, StatusCode::BAD_REQUEST, "bad_request");
+    let secrets: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM plexsphere.secrets").fetch_one(&pool).await.unwrap();
+    assert_eq!(secrets, 0);
+    replica.stop().await;
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn unknown_domains_secrets_and_routes_are_404(_: PgPoolOptions, connect: PgConnectOptions) {
+    let replica = replica(&connect).await;
+    let nobody = uuid::Uuid::new_v4();
+    let answer = replica
+        .operator(Method::POST, &format!("/v1/domains/{nobody}/nodes"), Some(json!({ "name": "n" })))
+        .await;
+    check(&answer, StatusCode::NOT_FOUND, "unknown_domain");
+    let answer = replica
+        .operator(Method::PUT, &format!("/v1/domains/{nobody}/secrets/key"), Some(json!({ "value": "v" })))
+        .await;
+    check(&answer, StatusCode::NOT_FOUND, "unknown_domain");
+
+    let domain = replica.create_domain("d", None).await;
+    let (_, token) = replica.enroll(&domain, "n").await;
+    check(
+        &replica.get("/v1/secrets/never-written", Some(&token)).await,
+        StatusCode::NOT_FOUND,
+        "unknown_secret",
+    );
+    check(&replica.get("/v2/anything", None).await, StatusCode::NOT_FOUND, "not_found");
+    replica.stop().await;
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn node_routes_need_a_node_token(_: PgPoolOptions, connect: PgConnectOptions) {
+    let replica = replica(&connect).await;
+    let domain = replica.create_domain("d", None).await;
+    replica.put_secret(&domain, "key", "value").await;
+    let forged = format!("psn_{}", "A".repeat(43));
+    for bearer in [None, Some("garbage"), Some(forged.as_str()), Some(crate::replicas::OPERATOR_TOKEN)] {
+        check(&replica.get("/v1/secrets/key", bearer).await, StatusCode::UNAUTHORIZED, "unauthorized");
+        let answer = replica.request(Method::POST, "/v1/ingest", bearer, Some(b"x".to_vec())).await;
+        check(&answer, StatusCode::UNAUTHORIZED, "unauthorized");
+    }
+    replica.stop().await;
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_node_reads_only_its_own_domains_secrets(_: PgPoolOptions, connect: PgConnectOptions) {
+    let replica = replica(&connect).await;
+    let (first, second) =
+        (replica.create_domain("first", None).await, replica.create_domain("second", None).await);
+    replica.put_secret(&first, "db-password", "first's").await;
+    replica.put_secret(&second, "db-password", "second's").await;
+    replica.put_secret(&first, "only-first", "x").await;
+    let (_, token) = replica.enroll(&second, "n").await;
+
+    let answer = replica.get("/v1/secrets/db-password", Some(&token)).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.body, json!({ "name": "db-password", "value": "second's" }));
+    check(
+        &replica.get("/v1/secrets/only-first", Some(&token)).await,
+        StatusCode::NOT_FOUND,
+        "unknown_secret",
+    );
+
+    // Overwriting is a PUT like the first write.
+    replica.put_secret(&second, "db-password", "rotated").await;
+    assert_eq!(replica.get("/v1/secrets/db-password", Some(&token)).await.body["value"], "rotated");
+    replica.stop().await;
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn the_operator_reads_a_budget_over_http_and_with_the_cli(_: PgPoolOptions, connect: PgConnectOptions) {
+    let replica = replica(&connect).await;
+    let domain = replica.create_domain("d", None).await;
+    let (node, token) = replica.enroll(&domain, "n").await;
+    replica.put_secret(&domain, "key", "value").await;
+    for _ in 0..3 {
+        assert_eq!(replica.get("/v1/secrets/key", Some(&token)).await.status, StatusCode::OK);
+    }
+    let answer = replica.operator(Method::GET, &format!("/v1/budgets/{domain}"), None).await;
+    assert_eq!(
+        answer.body,
+        json!([
+            { "scope": "access_issuance_domain", "tokens": 9.0, "refilled_at": "2026-11-30T12:00:00Z" },
+            { "scope": "secret_read_domain", "tokens": 197.0, "refilled_at": "2026-11-30T12:00:00Z" },
+        ])
+    );
+    let nobody = uuid::Uuid::new_v4();
+    assert_eq!(replica.operator(Method::GET, &format!("/v1/budgets/{nobody}"), None).await.body, json!([]));
+
+    let mut printed = Vec::new();
+    app::cli::show_budgets(connect.clone(), node.parse().unwrap(), &mut printed).await.unwrap();
+    let printed = String::from_utf8(printed).unwrap();
+    assert!(printed.contains("secret_read_node"), "{printed}");
+    assert!(printed.contains("17.000"), "{printed}");
+    assert!(printed.contains("2026-11-30T12:00:00+00:00"), "{printed}");
+    replica.stop().await;
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn probes_and_metrics_answer(_: PgPoolOptions, connect: PgConnectOptions) {
+    let replica = replica(&connect).await;
+    assert_eq!(replica.get("/healthz", None).await.status, StatusCode::OK);
+    assert_eq!(replica.get("/readyz", None).await.status, StatusCode::OK);
+    let domain = replica.create_domain("d", Some((1.0, 1.0))).await;
+    replica.enroll(&domain, "n").await;
+    let refused = replica
+        .operator(Method::POST, &format!("/v1/domains/{domain}/nodes"), Some(json!({ "name": "m" })))
+        .await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    let metrics = replica.get("/metrics", None).await.body.as_str().unwrap().to_owned();
+    for line in [
+        "plexsphere_rate_budget_decisions_total{scope=\"access_issuance_domain\",outcome=\"granted\"} 1",
+        "plexsphere_rate_budget_decisions_total{scope=\"access_issuance_domain\",outcome=\"refused\"} 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "missing {line} in\n{metrics}");
+    }
+    assert!(metrics.lines().any(|l| l.starts_with("plexsphere_leader ")), "{metrics}");
+    replica.stop().await;
+}

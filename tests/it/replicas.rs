@@ -1,0 +1,177 @@
+//! Replicas of the real application, started in-process on a test's database, and a small
+//! HTTP client to talk to them over their sockets.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use app::config::{self, Config};
+use app::leader::{LeaderTiming, Leadership};
+use app::startup::{Application, Wiring};
+use ratebudget::Clock;
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+use sqlx::postgres::PgConnectOptions;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub(crate) const OPERATOR_TOKEN: &str = "operator-token-for-tests-0123456789";
+
+/// Leader timing for tests: elections in a tenth of a second instead of seconds.
+pub(crate) const FAST_LEADER: LeaderTiming = LeaderTiming {
+    retry: Duration::from_millis(100),
+    ping: Duration::from_millis(100),
+    timeout: Duration::from_secs(1),
+};
+
+/// A configuration as `serve` would read it, on `database`, with `knobs` set on top.
+pub(crate) fn config(database: &PgConnectOptions, knobs: &[(&str, &str)]) -> Config {
+    let mut vars: HashMap<String, String> = [
+        // Parsed and then replaced by the test's own database below.
+        (config::DATABASE_URL, "postgres://postgres@127.0.0.1:5432/postgres"),
+        (config::OPERATOR_TOKEN, OPERATOR_TOKEN),
+        (config::LISTEN, "127.0.0.1:0"),
+        (config::DATABASE_TIMEOUT_MS, "1000"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    for (knob, value) in knobs {
+        vars.insert((*knob).to_owned(), (*value).to_owned());
+    }
+    let mut config = Config::from_vars(&vars).unwrap();
+    config.database = database.clone();
+    config
+}
+
+/// The answer to one request.
+#[derive(Debug)]
+pub(crate) struct Answer {
+    pub(crate) status: StatusCode,
+    pub(crate) retry_after: Option<u64>,
+    pub(crate) body: Value,
+}
+
+impl Answer {
+    pub(crate) fn code(&self) -> &str {
+        self.body["code"].as_str().unwrap_or_default()
+    }
+}
+
+pub(crate) struct Replica {
+    base: String,
+    client: reqwest::Client,
+    pub(crate) leadership: Leadership,
+    stop: CancellationToken,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl Replica {
+    pub(crate) async fn start(config: Config, clock: Arc<dyn Clock>) -> Replica {
+        let application =
+            Application::build(config, Wiring { clock, leader_timing: FAST_LEADER }).await.unwrap();
+        let base = format!("http://{}", application.local_addr());
+        let leadership = application.leadership();
+        let stop = application.shutdown_token();
+        let task = tokio::spawn(application.run_until_stopped());
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
+        Replica { base, client, leadership, stop, task }
+    }
+
+    /// Stops the replica gracefully and waits until it has released everything.
+    pub(crate) async fn stop(self) {
+        self.stop.cancel();
+        self.task.await.unwrap().unwrap();
+    }
+
+    pub(crate) async fn request(
+        &self,
+        method: Method,
+        path: &str,
+        bearer: Option<&str>,
+        body: Option<Vec<u8>>,
+    ) -> Answer {
+        let mut request = self.client.request(method, format!("{}{path}", self.base));
+        if let Some(token) = bearer {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.body(body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .map(|value| value.to_str().unwrap().parse().unwrap());
+        let bytes = response.bytes().await.unwrap();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
+        };
+        Answer { status, retry_after, body }
+    }
+
+    pub(crate) async fn operator(&self, method: Method, path: &str, body: Option<Value>) -> Answer {
+        self.request(method, path, Some(OPERATOR_TOKEN), body.map(|body| body.to_string().into_bytes())).await
+    }
+
+    pub(crate) async fn get(&self, path: &str, bearer: Option<&str>) -> Answer {
+        self.request(Method::GET, path, bearer, None).await
+    }
+
+    /// Creates a Domain (with `policy` as its own issuance policy) and returns its id.
+    pub(crate) async fn create_domain(&self, name: &str, policy: Option<(f64, f64)>) -> String {
+        let mut body = serde_json::json!({ "name": name });
+        if let Some((per_second, burst)) = policy {
+            body["issuance_per_second"] = per_second.into();
+            body["issuance_burst"] = burst.into();
+        }
+        let answer = self.operator(Method::POST, "/v1/domains", Some(body)).await;
+        assert_eq!(answer.status, StatusCode::CREATED, "{answer:?}");
+        answer.body["id"].as_str().unwrap().to_owned()
+    }
+
+    /// Enrols a Node in `domain` and returns (node id, token).
+    pub(crate) async fn enroll(&self, domain: &str, name: &str) -> (String, String) {
+        let path = format!("/v1/domains/{domain}/nodes");
+        let answer = self.operator(Method::POST, &path, Some(serde_json::json!({ "name": name }))).await;
+        assert_eq!(answer.status, StatusCode::CREATED, "{answer:?}");
+        (answer.body["id"].as_str().unwrap().to_owned(), answer.body["token"].as_str().unwrap().to_owned())
+    }
+
+    pub(crate) async fn put_secret(&self, domain: &str, name: &str, value: &str) {
+        let path = format!("/v1/domains/{domain}/secrets/{name}");
+        let answer = self.operator(Method::PUT, &path, Some(serde_json::json!({ "value": value }))).await;
+        assert_eq!(answer.status, StatusCode::NO_CONTENT, "{answer:?}");
+    }
+
+    /// The value of the `plexsphere_leader` gauge this replica exposes.
+    pub(crate) async fn leader_gauge(&self) -> i64 {
+        let answer = self.get("/metrics", None).await;
+        let text = answer.body.as_str().unwrap().to_owned();
+        text.lines()
+            .find_map(|line| line.strip_prefix("plexsphere_leader "))
+            .map(|value| value.trim().parse().unwrap())
+            .expect("the metrics name plexsphere_leader")
+    }
+}
+
+/// Polls `condition` until it holds, failing the test after `within`. For states that change
+/// in the background (leadership, a sweep, a reconnect), where there is nothing to await.
+pub(crate) async fn eventually<F, Fut>(within: Duration, what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if condition().await {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not within {within:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
