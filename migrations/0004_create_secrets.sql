@@ -9,9 +9,9 @@
 CREATE TABLE plexsphere.secrets (
     domain_id uuid NOT NULL,
     -- The same rule as secrets::SecretName: 1 to 128 characters a URL path segment carries
-    -- unescaped.
+    -- unescaped, and not dots alone (URL normalisers collapse "." and "..").
     name text NOT NULL
-        CONSTRAINT secrets_name_check CHECK (name ~ '^[A-Za-z0-9._-]{1,128}$'),
+        CONSTRAINT secrets_name_check CHECK (name ~ '^[A-Za-z0-9._-]{1,128}$' AND name !~ '^[.]+$'),
     -- The same limit as secrets::SecretValue: 64 KiB of UTF-8.
     value text NOT NULL
         CONSTRAINT secrets_value_check CHECK (octet_length(value) <= 65536),

@@ -117,6 +117,8 @@ async fn the_table_accepts_exactly_the_names_and_values_the_model_accepts(pool: 
     let names = [
         "a".to_owned(),
         ".".to_owned(),
+        "..".to_owned(),
+        ".env".to_owned(),
         "A-Z_a-z.0-9".to_owned(),
         "x".repeat(128),
         String::new(),

@@ -69,23 +69,26 @@ pub async fn tick(
     }
 }
 
-/// Ticks every `interval` until `shutdown`; only the leader's ticks touch the table.
+/// Sweeps when this replica becomes leader and every `interval` while it leads, until
+/// `shutdown`. A follower waits for leadership and never touches the table.
 pub async fn run(
     store: Store,
     clock: Arc<dyn Clock>,
-    leadership: Leadership,
+    mut leadership: Leadership,
     metrics: Metrics,
     interval: Duration,
     shutdown: CancellationToken,
 ) {
-    let mut ticker = tokio::time::interval(interval);
-    // After a long stall, one sweep catches up; a burst of them would only repeat it.
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
-            _ = ticker.tick() => {}
+            () = leadership.wait_until(true) => {}
         }
+        // A new leader sweeps at once: whoever led before may have died just before its tick.
         tick(&store, clock.as_ref(), &leadership, &metrics).await;
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(interval) => {}
+        }
     }
 }

@@ -24,9 +24,6 @@ mod persistence;
 mod ports;
 mod service;
 
-#[cfg(test)]
-mod tests;
-
 pub use error::{BoxError, IngestError, QuotaError, RepositoryError};
 pub use model::{byte_cost, Batch, BatchId, DomainId, NodeId, Sender};
 pub use persistence::{PgBatchRepository, RateBudgetQuotaLimiter};

@@ -86,10 +86,16 @@ impl SecretName {
         let name = name.into();
         let allowed = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-');
         // Every allowed character is one byte, so on a valid name bytes count characters.
-        if (1..=NAME_MAX_CHARS).contains(&name.len()) && name.bytes().all(allowed) {
+        // "." and ".." are path segments URL normalisers collapse, so no client could address
+        // them; a name of dots only is refused.
+        let only_dots = name.bytes().all(|b| b == b'.');
+        if (1..=NAME_MAX_CHARS).contains(&name.len()) && name.bytes().all(allowed) && !only_dots {
             Ok(SecretName(name))
         } else {
-            Err(InvalidInput { field: "name", reason: "must be 1 to 128 of A-Z a-z 0-9 . _ -" })
+            Err(InvalidInput {
+                field: "name",
+                reason: "must be 1 to 128 of A-Z a-z 0-9 . _ -, not only dots",
+            })
         }
     }
 

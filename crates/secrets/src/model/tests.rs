@@ -11,7 +11,10 @@ fn check_name(name: &str, valid: bool) {
             assert!(!valid, "{name:?} refused but must parse");
             assert_eq!(
                 error,
-                InvalidInput { field: "name", reason: "must be 1 to 128 of A-Z a-z 0-9 . _ -" }
+                InvalidInput {
+                    field: "name",
+                    reason: "must be 1 to 128 of A-Z a-z 0-9 . _ -, not only dots"
+                }
             );
         }
     }
@@ -23,13 +26,16 @@ fn names_of_1_to_128_url_safe_characters_parse() {
     check_name("DB_PASSWORD", true);
     check_name("tls.key-2026_v1", true);
     check_name("0123456789", true);
-    check_name(".", true);
+    check_name(".env", true);
+    check_name("a..b", true);
     check_name(&"x".repeat(128), true);
 }
 
 #[test]
 fn names_that_are_empty_too_long_or_have_other_characters_are_refused() {
     check_name("", false);
+    check_name(".", false);
+    check_name("..", false);
     check_name(&"x".repeat(129), false);
     for name in ["a/b", "a b", "a%2Fb", "a?b", "a#b", "é", "naïve", "a\n", "\0", "a+b", "a~b", "a:b"] {
         check_name(name, false);
@@ -78,7 +84,7 @@ fn debug_never_shows_a_value() {
 fn invalid_input_names_the_field_and_the_rule() {
     assert_eq!(
         SecretName::parse("a/b").unwrap_err().to_string(),
-        "invalid name: must be 1 to 128 of A-Z a-z 0-9 . _ -"
+        "invalid name: must be 1 to 128 of A-Z a-z 0-9 . _ -, not only dots"
     );
     assert_eq!(
         SecretValue::new("v".repeat(70_000)).unwrap_err().to_string(),
