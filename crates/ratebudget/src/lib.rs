@@ -18,6 +18,7 @@
 //! This crate owns the table and every statement that touches it; nothing else does.
 
 mod clock;
+mod connections;
 mod error;
 mod model;
 mod store;

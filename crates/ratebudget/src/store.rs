@@ -1,8 +1,11 @@
 //! The store: every statement that touches `plexsphere.rate_budgets`.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Row};
 
+use crate::connections::TakeConnections;
 use crate::{Budget, Error, Key, Scope, Spend};
 
 const TAKE: &str = include_str!("../queries/take.sql");
@@ -17,10 +20,20 @@ const DELETE_IDLE_BATCH: i64 = 5_000;
 
 /// The rate budgets of every scope, in one shared table.
 ///
-/// Cloning is cheap and clones share the pool.
-#[derive(Clone, Debug)]
+/// Takes run on connections of the store's own, opened with the pool's connect options and at
+/// most as many as the pool's maximum, because sqlx's pool adds a round trip to every use
+/// (see `connections.rs`); the sweep and operator reads use the pool itself. Cloning is cheap
+/// and clones share both.
+#[derive(Clone)]
 pub struct Store {
     pool: PgPool,
+    takes: Arc<TakeConnections>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("pool", &self.pool).finish_non_exhaustive()
+    }
 }
 
 /// What a two-budget take decided.
@@ -48,7 +61,7 @@ pub struct Bucket {
 impl Store {
     /// A store on `pool`, which must have the workspace's migrations applied.
     pub fn new(pool: PgPool) -> Store {
-        Store { pool }
+        Store { takes: Arc::new(TakeConnections::new(pool.clone())), pool }
     }
 
     /// Takes `cost` tokens from the bucket `(scope, key)`, sized by `budget`, at the caller's
@@ -138,6 +151,7 @@ impl Store {
             (None, None) => {}
         }
 
+        let mut lease = self.takes.lease().await?;
         let outcome: i16 = sqlx::query(TAKE_PAIR)
             .bind(first.scope.as_str())
             .bind(first.key.as_uuid())
@@ -150,9 +164,10 @@ impl Store {
             .bind(second.budget.per_second)
             .bind(second.budget.burst)
             .bind(now)
-            .fetch_one(&self.pool)
+            .fetch_one(lease.connection())
             .await?
             .try_get(0)?;
+        lease.release();
         match outcome {
             0 => Ok(PairDecision::Granted),
             1 => Ok(PairDecision::FirstRefused),
@@ -209,6 +224,7 @@ impl Store {
     }
 
     async fn take_validated(&self, spend: Spend, now: DateTime<Utc>) -> Result<bool, Error> {
+        let mut lease = self.takes.lease().await?;
         let granted = sqlx::query(TAKE)
             .bind(spend.scope.as_str())
             .bind(spend.key.as_uuid())
@@ -216,9 +232,10 @@ impl Store {
             .bind(spend.budget.per_second)
             .bind(spend.budget.burst)
             .bind(now)
-            .fetch_one(&self.pool)
+            .fetch_one(lease.connection())
             .await?
             .try_get(0)?;
+        lease.release();
         Ok(granted)
     }
 }

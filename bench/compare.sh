@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Store::take against PostgreSQL's own ceiling: for every workload and client count, runs the
+# Rust benchmark (crates/ratebudget/benches/take.rs) and then pgbench with the identical
+# statement, the same client count and the same database, and prints ours / pgbench.
+#
+#   bash bench/compare.sh                 # the full table (about 4 minutes)
+#   SECONDS_PER_RUN=3 CLIENTS="1 16" WORKLOADS="random" bash bench/compare.sh
+#
+# Knobs: DATABASE_ADMIN_URL (default the local cluster), SECONDS_PER_RUN (5), CLIENTS
+# ("1 4 16 64"), WORKLOADS ("random hot refused pair"), COMMIT_MODES ("off on").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+admin_url="${DATABASE_ADMIN_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+database=plexsphere_bench
+url="${admin_url%/*}/$database"
+seconds="${SECONDS_PER_RUN:-5}"
+clients_list="${CLIENTS:-1 4 16 64}"
+workloads="${WORKLOADS:-random hot refused pair}"
+commit_modes="${COMMIT_MODES:-off on}"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+echo "building (release)..." >&2
+cargo build -q --release -p app --bin plexsphere
+bench_binary=$(cargo bench -q -p ratebudget --bench take --no-run --message-format=json 2>/dev/null \
+    | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
+
+psql -q "$admin_url" -c "DROP DATABASE IF EXISTS $database WITH (FORCE)" -c "CREATE DATABASE $database"
+DATABASE_URL="$url" ./target/release/plexsphere migrate 2>/dev/null
+psql -q "$url" -f bench/seed.sql
+
+# The pgbench scripts: the statement files themselves, comments dropped, parameters named.
+# Keys are md5(i)::uuid (bench/seed.sql), the one expression pgbench can turn an integer into.
+statement() {
+    grep -v '^[[:space:]]*--' "crates/ratebudget/queries/$1.sql" | sed -e '$s/$/;/'
+}
+{
+    echo '\set k random(1, 100000)'
+    statement take | sed -e 's/\$1::text/:scope::text/g' -e 's/\$2::uuid/md5(:k::text)::uuid/g' \
+        -e 's/\$3::/:cost::/g' -e 's/\$4::/:rate::/g' -e 's/\$5::/:burst::/g' -e 's/\$6::/:now::/g'
+} > "$work/random.sql"
+{
+    statement take | sed -e 's/\$1::text/:scope::text/g' -e 's/\$2::uuid/:key::uuid/g' \
+        -e 's/\$3::/:cost::/g' -e 's/\$4::/:rate::/g' -e 's/\$5::/:burst::/g' -e 's/\$6::/:now::/g'
+} > "$work/fixed.sql"
+{
+    echo '\set n random(1, 100000)'
+    echo '\set d random(1, 1000)'
+    statement take_pair | sed -e 's/\$10::/:burst::/g' -e 's/\$11::/:now::/g' \
+        -e 's/\$1::text/:node_scope::text/g' -e 's/\$2::uuid/md5(:n::text)::uuid/g' -e 's/\$3::/:cost::/g' \
+        -e 's/\$4::/:rate::/g' -e 's/\$5::/:burst::/g' -e 's/\$6::text/:domain_scope::text/g' \
+        -e 's/\$7::uuid/md5(:d::text)::uuid/g' -e 's/\$8::/:cost::/g' -e 's/\$9::/:rate::/g'
+} > "$work/pair.sql"
+
+common=(-D cost=1 -D now=2026-01-01T00:00:00Z -D burst=1e12)
+pgbench_args() {
+    case "$1" in
+        random) echo "-f $work/random.sql -D scope=ingest_node -D rate=1 ${common[*]}" ;;
+        hot) echo "-f $work/fixed.sql -D scope=secret_read_node -D key=00000000-0000-4000-8000-000000000001 -D rate=1 ${common[*]}" ;;
+        refused) echo "-f $work/fixed.sql -D scope=secret_read_node -D key=00000000-0000-4000-8000-000000000002 -D rate=0 ${common[*]}" ;;
+        pair) echo "-f $work/pair.sql -D node_scope=ingest_node -D domain_scope=ingest_domain -D rate=1 ${common[*]}" ;;
+    esac
+}
+
+printf '%-8s %-7s %-6s %12s %9s %9s %12s %12s %7s\n' workload clients sync ours/s p50_us p99_us pgbench/s pg_avg_us ratio
+for sync in $commit_modes; do
+    for workload in $workloads; do
+        for clients in $clients_list; do
+            read -r _ _ _ ours p50 p99 < <("$bench_binary" --database-url "$url" --workload "$workload" \
+                --clients "$clients" --seconds "$seconds" --synchronous-commit "$sync")
+            threads=$(( clients < 2 ? 1 : 2 ))
+            # shellcheck disable=SC2046
+            pg_out=$(PGOPTIONS="-c synchronous_commit=$sync" pgbench -n -M prepared -c "$clients" -j "$threads" \
+                -T $((seconds + 1)) $(pgbench_args "$workload") "$url" 2>&1)
+            theirs=$(echo "$pg_out" | sed -n 's/^tps = \([0-9.]*\).*/\1/p' | head -1)
+            pg_latency_ms=$(echo "$pg_out" | sed -n 's/^latency average = \([0-9.]*\) ms/\1/p')
+            if [ -z "$theirs" ]; then
+                echo "$pg_out" >&2
+                exit 1
+            fi
+            printf '%-8s %-7s %-6s %12.0f %9s %9s %12.0f %12.0f %7.2f\n' "$workload" "$clients" "$sync" "$ours" \
+                "$p50" "$p99" "$theirs" "$(echo "$pg_latency_ms * 1000" | bc -l)" "$(echo "$ours / $theirs" | bc -l)"
+        done
+    done
+done

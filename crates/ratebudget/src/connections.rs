@@ -1,0 +1,110 @@
+//! The connections takes run on: opened with the pool's own options and bounded by its size,
+//! but without the round trip sqlx's pool adds to every use.
+//!
+//! sqlx 0.8's pool pings every connection as it comes back (a Sync round trip, in
+//! `PoolConnection::return_to_pool`), and by default pings it again before handing it out.
+//! For a take, which is itself one short round trip, that doubled the round trips, the
+//! client's wake-ups and the latency a caller sees (measured in BENCHMARKS.md). Here a
+//! connection goes back to the idle list untouched when its statement completed, and is
+//! dropped (closed) when it failed or its future was cancelled mid-statement, which is the
+//! case the pool's ping exists for. A connection idle for long enough that the server or the
+//! network may have dropped it is pinged before reuse, so an outage that is over does not
+//! fail the first take on each stale connection.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sqlx::{Connection, PgConnection, PgPool};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// An idle connection older than this is pinged before it is reused.
+const STALE_AFTER: Duration = Duration::from_secs(10);
+/// A connection older than this is closed when it is released, as sqlx's pool does, so that
+/// server-side memory and a changed route to the server do not live forever.
+const MAX_LIFETIME: Duration = Duration::from_secs(30 * 60);
+
+struct Idle {
+    connection: PgConnection,
+    opened_at: Instant,
+    released_at: Instant,
+}
+
+/// A bounded set of connections for takes, sized and configured like `pool`.
+pub(crate) struct TakeConnections {
+    pool: PgPool,
+    idle: Mutex<Vec<Idle>>,
+    permits: Arc<Semaphore>,
+}
+
+impl TakeConnections {
+    pub(crate) fn new(pool: PgPool) -> TakeConnections {
+        let size = pool.options().get_max_connections() as usize;
+        TakeConnections {
+            pool,
+            idle: Mutex::new(Vec::with_capacity(size)),
+            permits: Arc::new(Semaphore::new(size)),
+        }
+    }
+
+    /// A connection for one statement, waiting at most the pool's acquire timeout for a free
+    /// one and for a new one to connect.
+    pub(crate) async fn lease(&self) -> Result<Lease<'_>, sqlx::Error> {
+        let acquire_timeout = self.pool.options().get_acquire_timeout();
+        tokio::time::timeout(acquire_timeout, self.lease_unbounded())
+            .await
+            .map_err(|_| sqlx::Error::PoolTimedOut)?
+    }
+
+    async fn lease_unbounded(&self) -> Result<Lease<'_>, sqlx::Error> {
+        if self.pool.is_closed() {
+            return Err(sqlx::Error::PoolClosed);
+        }
+        let permit = self.permits.clone().acquire_owned().await.map_err(|_| sqlx::Error::PoolClosed)?;
+        loop {
+            // The guard must be gone before the await below: bind the popped value first.
+            let popped = self.lock_idle().pop();
+            let Some(mut idle) = popped else { break };
+            if idle.released_at.elapsed() < STALE_AFTER || idle.connection.ping().await.is_ok() {
+                return Ok(Lease {
+                    set: self,
+                    connection: Some(idle.connection),
+                    opened_at: idle.opened_at,
+                    _permit: permit,
+                });
+            }
+            // Dead: dropping it closes the socket; try the next one.
+        }
+        let connection = PgConnection::connect_with(&self.pool.connect_options()).await?;
+        Ok(Lease { set: self, connection: Some(connection), opened_at: Instant::now(), _permit: permit })
+    }
+
+    fn lock_idle(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
+        // The list holds whole connections; a panic elsewhere cannot leave one half-pushed.
+        self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// One connection, held for one statement. Dropped without [`Lease::release`], it closes the
+/// connection: the statement failed, or was cancelled and may have left the protocol mid-way.
+pub(crate) struct Lease<'a> {
+    set: &'a TakeConnections,
+    connection: Option<PgConnection>,
+    opened_at: Instant,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Lease<'_> {
+    pub(crate) fn connection(&mut self) -> &mut PgConnection {
+        self.connection.as_mut().expect("a lease holds its connection until released")
+    }
+
+    /// Returns the connection for reuse; call it only after the statement completed.
+    pub(crate) fn release(mut self) {
+        if let Some(connection) = self.connection.take() {
+            if self.opened_at.elapsed() < MAX_LIFETIME {
+                let idle = Idle { connection, opened_at: self.opened_at, released_at: Instant::now() };
+                self.set.lock_idle().push(idle);
+            }
+        }
+    }
+}
