@@ -60,13 +60,12 @@ impl Application {
         let shutdown = CancellationToken::new();
 
         let api_pool = request_pool(&config);
+        let store = Store::new(limiter_pool(&config));
         // The sweep gets a pool of its own so a long sweep never takes a request's connection.
         let background_pool = PgPoolOptions::new()
             .max_connections(2)
             .acquire_timeout(Duration::from_secs(10))
             .connect_lazy_with(config.database.clone().application_name("plexsphere-background"));
-
-        let store = Store::new(api_pool.clone());
         let state = AppState {
             access: bind_access(&config, &api_pool, &store, &wiring, &metrics),
             secrets: bind_secrets(&config, &api_pool, &store, &wiring, &metrics),
@@ -133,15 +132,23 @@ impl Application {
     /// When the HTTP server failed.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
         let Application { shutdown, mut server, mut elector, mut sweeper, .. } = self;
-        let mut server_result = None;
+        let (mut server_result, mut elector_done, mut sweeper_done) = (None, false, false);
         tokio::select! {
+            // Shutdown first: once it is cancelled every task ends, and that is not news.
+            biased;
             () = shutdown.cancelled() => {}
             result = &mut server => {
                 tracing::error!("the HTTP server stopped on its own");
                 server_result = Some(result);
             }
-            _ = &mut elector => tracing::error!("the leader elector stopped on its own"),
-            _ = &mut sweeper => tracing::error!(loop_name = sweep::LOOP_NAME, "the loop stopped on its own"),
+            _ = &mut elector => {
+                tracing::error!("the leader elector stopped on its own");
+                elector_done = true;
+            }
+            _ = &mut sweeper => {
+                tracing::error!(loop_name = sweep::LOOP_NAME, "the loop stopped on its own");
+                sweeper_done = true;
+            }
         }
         shutdown.cancel();
         let server_result = match server_result {
@@ -149,8 +156,12 @@ impl Application {
             None => server.await,
         };
         // The elector releases the lock on its way out; wait for it so a successor can lead at once.
-        let _ = elector.await;
-        let _ = sweeper.await;
+        if !elector_done {
+            let _ = elector.await;
+        }
+        if !sweeper_done {
+            let _ = sweeper.await;
+        }
         server_result.context("the HTTP server task panicked")?.context("the HTTP server failed")?;
         tracing::info!("stopped");
         Ok(())
@@ -166,20 +177,40 @@ impl Application {
     }
 }
 
-/// The pool request paths use. Its acquire timeout bounds how long a request waits for a
-/// connection (sqlx would wait 30 s), and a statement timeout bounds what runs on one, so a
-/// request answers 500 instead of hanging while the database does not answer.
+/// The pool request paths use for the contexts' own tables (secrets, credentials, batches).
+/// Its acquire timeout bounds how long a request waits for a connection (sqlx would wait
+/// 30 s), and a statement timeout bounds what runs on one, so a request answers 500 instead of
+/// hanging while the database does not answer. Commits are synchronous: these writes are
+/// records that must survive a crash.
 fn request_pool(config: &Config) -> PgPool {
+    pool(config, "plexsphere-api", &[])
+}
+
+/// The pool the limiters' store is built on. Its commits are asynchronous
+/// (`synchronous_commit = off`, docs/adr/0004): a database crash can lose at most the last few
+/// hundred milliseconds of debits, which can only over-admit briefly and never refuses
+/// wrongly, and in exchange takes do not wait for a WAL flush. It must never serve the
+/// context repositories, whose writes are records.
+fn limiter_pool(config: &Config) -> PgPool {
+    pool(config, "plexsphere-limiter", &[("synchronous_commit", "off")])
+}
+
+fn pool(config: &Config, application_name: &str, settings: &[(&str, &str)]) -> PgPool {
     let statement_timeout_ms = config.database_timeout.as_millis().to_string();
+    let mut server_settings = vec![("statement_timeout", statement_timeout_ms.as_str())];
+    server_settings.extend_from_slice(settings);
     let options: PgConnectOptions = config
         .database
         .clone()
-        .application_name("plexsphere-api")
-        .options([("statement_timeout", statement_timeout_ms.as_str())])
+        .application_name(application_name)
+        .options(server_settings)
         .log_statements(tracing::log::LevelFilter::Trace);
     PgPoolOptions::new()
         .max_connections(config.database_max_connections)
         .acquire_timeout(config.database_timeout)
+        // A broken connection fails its statement and is replaced; pinging every connection
+        // before each use would add a round trip to every request to catch that earlier.
+        .test_before_acquire(false)
         .connect_lazy_with(options)
 }
 

@@ -13,11 +13,6 @@ const TAKE_PAIR: &str = include_str!("../queries/take_pair.sql");
 const DELETE_IDLE: &str = include_str!("../queries/delete_idle.sql");
 const BUCKETS: &str = include_str!("../queries/buckets.sql");
 
-/// How many idle rows one sweep statement deletes. Small enough that no statement holds its
-/// row locks for long (a few milliseconds here), large enough that a million idle rows take
-/// a few hundred statements.
-const DELETE_IDLE_BATCH: i64 = 5_000;
-
 /// The rate budgets of every scope, in one shared table.
 ///
 /// Takes run on connections of the store's own, opened with the pool's connect options and at
@@ -182,24 +177,37 @@ impl Store {
     ///
     /// An idle bucket has refilled to full, so deleting it is exactly what the next take would
     /// mint; what this reclaims is the rows of Nodes and Domains that are gone. It deletes in
-    /// batches so no statement holds row locks for long, and skips rows a take holds.
+    /// batches of [`Store::DELETE_IDLE_BATCH`] so no statement holds row locks for long, and
+    /// skips rows a take holds.
     ///
     /// # Errors
     /// [`Error::Database`] when a batch fails; the batches before it stay deleted.
     pub async fn delete_idle(&self, before: DateTime<Utc>) -> Result<u64, Error> {
         let mut deleted = 0;
         loop {
-            let batch = sqlx::query(DELETE_IDLE)
-                .bind(before)
-                .bind(DELETE_IDLE_BATCH)
-                .execute(&self.pool)
-                .await?
-                .rows_affected();
+            let batch = self.delete_idle_batch(before, Self::DELETE_IDLE_BATCH).await?;
             deleted += batch;
-            if batch < DELETE_IDLE_BATCH as u64 {
+            if batch < Self::DELETE_IDLE_BATCH {
                 return Ok(deleted);
             }
         }
+    }
+
+    /// How many idle rows one sweep statement deletes: small enough that no statement holds
+    /// its row locks for long (BENCHMARKS.md has the figures), large enough that a million
+    /// idle rows take a couple of hundred statements.
+    pub const DELETE_IDLE_BATCH: u64 = 5_000;
+
+    /// Deletes at most `limit` buckets last taken from before `before`, in one statement, and
+    /// returns how many it deleted. [`Store::delete_idle`] repeats it until a batch comes back
+    /// short; a caller that wants to pace a sweep can drive it itself.
+    ///
+    /// # Errors
+    /// [`Error::Database`] when the database did not answer.
+    pub async fn delete_idle_batch(&self, before: DateTime<Utc>, limit: u64) -> Result<u64, Error> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let result = sqlx::query(DELETE_IDLE).bind(before).bind(limit).execute(&self.pool).await?;
+        Ok(result.rows_affected())
     }
 
     /// Every bucket of `key`, across scopes, as stored (not refilled to now).
