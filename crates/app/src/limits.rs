@@ -19,7 +19,7 @@ impl secrets::Limiter for MeteredReadLimiter {
         let decision = self.inner.spend_read(reader).await;
         let (node, domain) = (ScopeLabel::secret_read_node, ScopeLabel::secret_read_domain);
         match &decision {
-            Ok(()) => self.pair(node, domain, Outcome::granted, Outcome::granted),
+            Ok(()) => self.metrics.pair_decision(node, domain, Outcome::granted),
             // A pair is all-or-nothing, so only the bucket that refused was decided.
             Err(secrets::ReadLimitError::NodeRateLimited { .. }) => {
                 self.metrics.decision(node, Outcome::refused)
@@ -28,17 +28,10 @@ impl secrets::Limiter for MeteredReadLimiter {
                 self.metrics.decision(domain, Outcome::refused)
             }
             Err(secrets::ReadLimitError::Unavailable(_)) => {
-                self.pair(node, domain, Outcome::error, Outcome::error)
+                self.metrics.pair_decision(node, domain, Outcome::error)
             }
         }
         decision
-    }
-}
-
-impl MeteredReadLimiter {
-    fn pair(&self, first: ScopeLabel, second: ScopeLabel, first_outcome: Outcome, second_outcome: Outcome) {
-        self.metrics.decision(first, first_outcome);
-        self.metrics.decision(second, second_outcome);
     }
 }
 
@@ -82,10 +75,7 @@ impl ingest::Limiter for MeteredQuotaLimiter {
         let decision = self.inner.spend_bytes(sender, bytes).await;
         let (node, domain) = (ScopeLabel::ingest_node, ScopeLabel::ingest_domain);
         match &decision {
-            Ok(()) => {
-                self.metrics.decision(node, Outcome::granted);
-                self.metrics.decision(domain, Outcome::granted);
-            }
+            Ok(()) => self.metrics.pair_decision(node, domain, Outcome::granted),
             Err(ingest::QuotaError::NodeQuotaExceeded { .. }) => {
                 self.metrics.decision(node, Outcome::refused)
             }
@@ -93,8 +83,7 @@ impl ingest::Limiter for MeteredQuotaLimiter {
                 self.metrics.decision(domain, Outcome::refused)
             }
             Err(ingest::QuotaError::Unavailable(_)) => {
-                self.metrics.decision(node, Outcome::error);
-                self.metrics.decision(domain, Outcome::error);
+                self.metrics.pair_decision(node, domain, Outcome::error)
             }
         }
         decision

@@ -101,6 +101,12 @@ impl Metrics {
         self.decisions.get_or_create(&DecisionLabels { scope, outcome }).inc();
     }
 
+    /// Counts one outcome for both buckets of a two-budget take.
+    pub fn pair_decision(&self, first: ScopeLabel, second: ScopeLabel, outcome: Outcome) {
+        self.decision(first, outcome);
+        self.decision(second, outcome);
+    }
+
     /// Counts one sweep and the rows it deleted (`None` when it failed).
     pub fn sweep(&self, deleted: Option<u64>) {
         let outcome = if deleted.is_some() { SweepOutcomeLabel::ok } else { SweepOutcomeLabel::error };

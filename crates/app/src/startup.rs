@@ -47,6 +47,7 @@ pub struct Application {
     server: JoinHandle<std::io::Result<()>>,
     elector: JoinHandle<()>,
     sweeper: JoinHandle<()>,
+    limiter_store: Store,
 }
 
 impl Application {
@@ -70,7 +71,7 @@ impl Application {
             access: bind_access(&config, &api_pool, &store, &wiring, &metrics),
             secrets: bind_secrets(&config, &api_pool, &store, &wiring, &metrics),
             ingest: bind_ingest(&config, &api_pool, &store, &wiring, &metrics),
-            budgets: store,
+            budgets: store.clone(),
             operator_token: OperatorToken::new(&config.operator_token),
             credentials: CredentialCache::new(CREDENTIAL_CACHE_CAPACITY),
             readiness: api_pool,
@@ -102,7 +103,16 @@ impl Application {
             shutdown.clone(),
         ));
         tracing::info!(%local_addr, "serving");
-        Ok(Application { local_addr, shutdown, leadership, metrics, server, elector, sweeper })
+        Ok(Application {
+            local_addr,
+            shutdown,
+            leadership,
+            metrics,
+            server,
+            elector,
+            sweeper,
+            limiter_store: store,
+        })
     }
 
     /// The address the API listens on (useful when the configured port was 0).
@@ -131,7 +141,7 @@ impl Application {
     /// # Errors
     /// When the HTTP server failed.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        let Application { shutdown, mut server, mut elector, mut sweeper, .. } = self;
+        let Application { shutdown, mut server, mut elector, mut sweeper, limiter_store, .. } = self;
         let (mut server_result, mut elector_done, mut sweeper_done) = (None, false, false);
         tokio::select! {
             // Shutdown first: once it is cancelled every task ends, and that is not news.
@@ -162,6 +172,8 @@ impl Application {
         if !sweeper_done {
             let _ = sweeper.await;
         }
+        // No request is in flight any more: say goodbye to the server on the take connections.
+        limiter_store.close().await;
         server_result.context("the HTTP server task panicked")?.context("the HTTP server failed")?;
         tracing::info!("stopped");
         Ok(())

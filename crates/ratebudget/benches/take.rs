@@ -1,15 +1,17 @@
 //! Throughput and latency of `Store::take` (and `Store::take_pair`) against a real PostgreSQL.
 //!
-//! Run by `bench/compare.sh`, which seeds the database and runs pgbench with the identical
-//! statement beside it. Alone:
-//!
 //! ```text
-//! cargo bench -p ratebudget --bench take -- --database-url postgres://postgres@127.0.0.1:5432/plexsphere_bench \
-//!     --workload random --clients 16 --seconds 5 --synchronous-commit off
+//! cargo bench -p ratebudget --bench take
 //! ```
 //!
-//! It prints one line: `workload clients synchronous_commit takes_per_second p50_us p99_us`.
-//! The database must hold the rows `bench/seed.sql` writes.
+//! recreates the database `plexsphere_bench` (migrated, with the rows of `bench/seed.sql`) and
+//! prints a table: every workload at 1, 4, 16 and 64 concurrent callers, with asynchronous
+//! commit as the limiter pool uses it (about 90 s). `--synchronous-commit on` measures the
+//! other mode; `--seconds N` sets each row's measured time.
+//!
+//! `bench/compare.sh` runs one row at a time (`--workload W --clients N`, which prints one
+//! line: `workload clients synchronous_commit takes_per_second p50_us p99_us`) beside pgbench
+//! with the identical statement, after `--setup` has prepared the database.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -50,26 +52,36 @@ impl FromStr for Workload {
 
 struct Args {
     database_url: String,
-    workload: Workload,
+    /// One row only (for bench/compare.sh); the whole table when None.
+    workload: Option<Workload>,
     clients: usize,
     seconds: u64,
     synchronous_commit: String,
+    setup_only: bool,
 }
+
+const WORKLOADS: [Workload; 4] = [Workload::Random, Workload::Hot, Workload::Refused, Workload::Pair];
+const CLIENTS: [usize; 4] = [1, 4, 16, 64];
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
+const SEED: &str = include_str!("../../../bench/seed.sql");
 
 fn parse_args() -> Args {
     let mut args = Args {
         database_url: "postgres://postgres@127.0.0.1:5432/plexsphere_bench".into(),
-        workload: Workload::Random,
+        workload: None,
         clients: 1,
-        seconds: 5,
+        seconds: 4,
         synchronous_commit: "off".into(),
+        setup_only: false,
     };
     let mut words = std::env::args().skip(1);
     while let Some(word) = words.next() {
         let mut value = || words.next().unwrap_or_else(|| panic!("{word} needs a value"));
         match word.as_str() {
             "--database-url" => args.database_url = value(),
-            "--workload" => args.workload = value().parse().unwrap(),
+            "--workload" => args.workload = Some(value().parse().unwrap()),
+            "--setup" => args.setup_only = true,
             "--clients" => args.clients = value().parse().unwrap(),
             "--seconds" => args.seconds = value().parse().unwrap(),
             "--synchronous-commit" => args.synchronous_commit = value(),
@@ -96,25 +108,97 @@ async fn keys(pool: &sqlx::PgPool, scope: &str) -> Vec<Key> {
     .fetch_all(pool)
     .await
     .unwrap();
-    assert!(!ids.is_empty(), "no {scope} rows: run bench/seed.sql first");
+    assert!(!ids.is_empty(), "no {scope} rows: run with --setup first");
     ids.into_iter().map(Key::from).collect()
 }
 
 fn main() {
     let args = parse_args();
-    let runtime = if std::env::var("BENCH_RUNTIME").as_deref() == Ok("current") {
-        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
-    } else {
-        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
-    };
-    runtime.block_on(run(args));
+    // Two workers, like the service's runtime on this two-core machine.
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    runtime.block_on(async {
+        if args.setup_only {
+            return setup(&args.database_url).await;
+        }
+        match args.workload {
+            Some(workload) => {
+                let row = measure(&args, workload, args.clients).await;
+                #[allow(clippy::print_stdout)]
+                {
+                    println!("{row}");
+                }
+            }
+            None => table(&args).await,
+        }
+    });
 }
 
-async fn run(args: Args) {
+/// Recreates the benchmark database, migrated and seeded.
+async fn setup(database_url: &str) {
+    use sqlx::{Connection, Executor};
+    let options = PgConnectOptions::from_str(database_url).unwrap();
+    let name = options.get_database().expect("the URL names the benchmark database").to_owned();
+    let mut admin = sqlx::PgConnection::connect_with(&options.clone().database("postgres")).await.unwrap();
+    admin.execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str()).await.unwrap();
+    admin.execute(format!("CREATE DATABASE {name}").as_str()).await.unwrap();
+    let mut connection = sqlx::PgConnection::connect_with(&options).await.unwrap();
+    MIGRATOR.run(&mut connection).await.unwrap();
+    // One statement at a time: VACUUM refuses to run inside the implicit transaction of a
+    // multi-statement query.
+    let is_code = |line: &str| !line.trim().is_empty() && !line.trim_start().starts_with("--");
+    for statement in SEED.split(";\n").filter(|statement| statement.lines().any(is_code)) {
+        connection.execute(statement).await.unwrap();
+    }
+}
+
+#[allow(clippy::print_stdout)]
+async fn table(args: &Args) {
+    setup(&args.database_url).await;
+    println!(
+        "{:<8} {:>7} {:>6} {:>12} {:>9} {:>9}",
+        "workload", "clients", "sync", "takes/s", "p50_us", "p99_us"
+    );
+    for workload in WORKLOADS {
+        for clients in CLIENTS {
+            let row = measure(args, workload, clients).await;
+            println!(
+                "{:<8} {:>7} {:>6} {:>12.0} {:>9} {:>9}",
+                format!("{:?}", row.workload).to_lowercase(),
+                row.clients,
+                row.synchronous_commit,
+                row.per_second,
+                row.p50_us,
+                row.p99_us
+            );
+        }
+    }
+}
+
+/// One row of the table.
+struct Row {
+    workload: Workload,
+    clients: usize,
+    synchronous_commit: String,
+    per_second: f64,
+    p50_us: u32,
+    p99_us: u32,
+}
+
+impl std::fmt::Display for Row {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:?} {} {} {:.0} {} {}",
+            self.workload, self.clients, self.synchronous_commit, self.per_second, self.p50_us, self.p99_us
+        )
+    }
+}
+
+async fn measure(args: &Args, workload: Workload, clients: usize) -> Row {
     let options = PgConnectOptions::from_str(&args.database_url)
         .unwrap()
         .options([("synchronous_commit", args.synchronous_commit.as_str())]);
-    let pool = PgPoolOptions::new().max_connections(args.clients as u32).connect_with(options).await.unwrap();
+    let pool = PgPoolOptions::new().max_connections(clients as u32).connect_with(options).await.unwrap();
     let store = Store::new(pool.clone());
     let nodes = Arc::new(keys(&pool, "ingest_node").await);
     let domains = Arc::new(keys(&pool, "ingest_domain").await);
@@ -128,8 +212,7 @@ async fn run(args: Args) {
     let started = Instant::now();
     let measure_from = started + warm_up;
     let until = measure_from + Duration::from_secs(args.seconds);
-    let workload = args.workload;
-    let callers: Vec<_> = (0..args.clients)
+    let callers: Vec<_> = (0..clients)
         .map(|caller| {
             let (store, nodes, domains) = (store.clone(), nodes.clone(), domains.clone());
             tokio::spawn(async move {
@@ -179,20 +262,16 @@ async fn run(args: Args) {
     for caller in callers {
         latencies_us.extend(caller.await.unwrap());
     }
+    store.close().await;
     latencies_us.sort_unstable();
     let percentile =
         |p: f64| latencies_us[((latencies_us.len() as f64 * p) as usize).min(latencies_us.len() - 1)];
-    let per_second = latencies_us.len() as f64 / args.seconds as f64;
-    #[allow(clippy::print_stdout)]
-    {
-        println!(
-            "{:?} {} {} {:.0} {} {}",
-            workload,
-            args.clients,
-            args.synchronous_commit,
-            per_second,
-            percentile(0.50),
-            percentile(0.99)
-        );
+    Row {
+        workload,
+        clients,
+        synchronous_commit: args.synchronous_commit.clone(),
+        per_second: latencies_us.len() as f64 / args.seconds as f64,
+        p50_us: percentile(0.50),
+        p99_us: percentile(0.99),
     }
 }

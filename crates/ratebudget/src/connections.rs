@@ -78,6 +78,16 @@ impl TakeConnections {
         Ok(Lease { set: self, connection: Some(connection), opened_at: Instant::now(), _permit: permit })
     }
 
+    /// Closes every idle connection politely and refuses new leases; leases in flight close
+    /// their connection when they end.
+    pub(crate) async fn close(&self) {
+        self.pool.close().await;
+        let idle: Vec<Idle> = std::mem::take(&mut *self.lock_idle());
+        for idle in idle {
+            let _ = idle.connection.close().await;
+        }
+    }
+
     fn lock_idle(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
         // The list holds whole connections; a panic elsewhere cannot leave one half-pushed.
         self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -101,7 +111,7 @@ impl Lease<'_> {
     /// Returns the connection for reuse; call it only after the statement completed.
     pub(crate) fn release(mut self) {
         if let Some(connection) = self.connection.take() {
-            if self.opened_at.elapsed() < MAX_LIFETIME {
+            if self.opened_at.elapsed() < MAX_LIFETIME && !self.set.pool.is_closed() {
                 let idle = Idle { connection, opened_at: self.opened_at, released_at: Instant::now() };
                 self.set.lock_idle().push(idle);
             }

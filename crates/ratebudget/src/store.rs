@@ -231,6 +231,12 @@ impl Store {
             .collect()
     }
 
+    /// Closes the store's connections (and its pool): takes and sweeps after this fail with
+    /// [`Error::Database`]. For a graceful shutdown; dropping the store closes them abruptly.
+    pub async fn close(&self) {
+        self.takes.close().await;
+    }
+
     async fn take_validated(&self, spend: Spend, now: DateTime<Utc>) -> Result<bool, Error> {
         let mut lease = self.takes.lease().await?;
         let granted = sqlx::query(TAKE)
