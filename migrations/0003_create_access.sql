@@ -25,6 +25,8 @@ CREATE TABLE plexsphere.domains (
     -- (an enrolment costs one issuance). The upper bound against 'Infinity' also rejects NaN,
     -- which PostgreSQL orders above every number, so `> 0` alone would admit it. The IS NOT
     -- NULLs are needed: with one column NULL the comparisons are NULL, and a CHECK passes NULL.
+    -- The bucket must refill from empty within the idle sweep's hour (access::MAX_REFILL_SECONDS),
+    -- or the sweep would delete a bucket that is not yet full.
     CONSTRAINT domains_issuance_policy_check CHECK (
         (issuance_per_second IS NULL AND issuance_burst IS NULL)
         OR (
@@ -34,6 +36,7 @@ CREATE TABLE plexsphere.domains (
             AND issuance_per_second < 'Infinity'::float8
             AND issuance_burst >= 1
             AND issuance_burst < 'Infinity'::float8
+            AND issuance_burst <= issuance_per_second * 3600
         )
     )
 );

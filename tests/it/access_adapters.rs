@@ -285,6 +285,9 @@ async fn the_tables_reject_half_a_policy_an_unusable_policy_a_bad_name_and_a_sho
         ("1", "'NaN'"),
         ("'Infinity'", "1"),
         ("1", "'Infinity'"),
+        // Refills in over an hour: the idle sweep would delete it before it is full.
+        ("0.001", "4"),
+        ("1", "3601"),
     ] {
         assert_eq!(
             violated_constraint(&pool, &domain(per_second, burst, "'fleet'")).await,
@@ -314,4 +317,6 @@ async fn the_tables_reject_half_a_policy_an_unusable_policy_a_bad_name_and_a_sho
     let orphan = "INSERT INTO plexsphere.nodes (id, domain_id, name, token_hash)
                   VALUES (gen_random_uuid(), gen_random_uuid(), 'edge', sha256('y'))";
     assert_eq!(violated_constraint(&pool, orphan).await, "nodes_domain_id_fkey");
+    // Exactly an hour is the slowest refill allowed.
+    sqlx::query(&domain("1", "3600", "'hourly'")).execute(&pool).await.unwrap();
 }

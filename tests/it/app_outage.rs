@@ -12,8 +12,10 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use crate::proxy::{Mode, Proxy};
 use crate::replicas::{config, eventually, Replica};
 
-fn upstream() -> SocketAddr {
-    "127.0.0.1:5432".parse().unwrap()
+/// Where the test's own database really is, as DATABASE_URL named it.
+fn upstream(connect: &PgConnectOptions) -> SocketAddr {
+    use std::net::ToSocketAddrs;
+    (connect.get_host(), connect.get_port()).to_socket_addrs().unwrap().next().unwrap()
 }
 
 /// The checks every outage must pass, whatever the network does.
@@ -45,7 +47,7 @@ async fn with_the_database_cut_off_requests_fail_closed_with_500_and_recover_by_
     _: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let proxy = Proxy::start(upstream()).await;
+    let proxy = Proxy::start(upstream(&connect)).await;
     let through_proxy = connect.clone().host("127.0.0.1").port(proxy.address().port());
     let replica = Replica::start(config(&through_proxy, &[]), Arc::new(SystemClock)).await;
     let domain = replica.create_domain("outage", None).await;
@@ -75,19 +77,28 @@ async fn with_the_network_silent_requests_answer_500_within_the_database_timeout
     _: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let proxy = Proxy::start(upstream()).await;
+    let proxy = Proxy::start(upstream(&connect)).await;
     let through_proxy = connect.clone().host("127.0.0.1").port(proxy.address().port());
     let replica = Replica::start(config(&through_proxy, &[]), Arc::new(SystemClock)).await;
     let domain = replica.create_domain("partition", None).await;
     let (_, token) = replica.enroll(&domain, "node-1").await;
     replica.put_secret(&domain, "api-key", "s3cr3t").await;
 
+    tokio::time::timeout(Duration::from_secs(10), replica.leadership.clone().wait_until(true)).await.unwrap();
+
     // Connections stay open but nothing crosses them: without the request deadline these
     // calls would hang (the client gives up after 20 s and fails the test).
     proxy.set(Mode::Stalled);
     assert_down(&replica, &token).await;
+    // The leader's session check times out too, and it stops claiming leadership.
+    eventually(Duration::from_secs(15), "the leader gauge drops", || async {
+        replica.leader_gauge().await == 0
+    })
+    .await;
 
     proxy.set(Mode::Open);
     assert_recovers(&replica, &token).await;
+    eventually(Duration::from_secs(15), "it leads again", || async { replica.leader_gauge().await == 1 })
+        .await;
     replica.stop().await;
 }

@@ -34,11 +34,17 @@ async fn a_thousand_refusals_on_an_exhausted_bucket_write_next_to_no_wal(pool: P
     let bucket = Key::from(uuid::Uuid::new_v4());
     assert!(store.take(Scope::IngestDomain, bucket, 3.0, never_refills, now).await.unwrap());
 
-    let before = wal_position(&pool).await;
-    for _ in 0..REFUSALS {
-        assert!(!store.take(Scope::IngestDomain, bucket, 1.0, never_refills, now).await.unwrap());
+    // The position is cluster-wide, so a checkpoint or autovacuum landing inside a window
+    // would count too. Three windows, and the quietest one counts: refusals that wrote would
+    // show in all three.
+    let mut guarded = i64::MAX;
+    for _ in 0..3 {
+        let before = wal_position(&pool).await;
+        for _ in 0..REFUSALS {
+            assert!(!store.take(Scope::IngestDomain, bucket, 1.0, never_refills, now).await.unwrap());
+        }
+        guarded = guarded.min(wal_position(&pool).await - before);
     }
-    let guarded = wal_position(&pool).await - before;
 
     let before = wal_position(&pool).await;
     for _ in 0..REFUSALS {

@@ -186,6 +186,17 @@ impl Config {
                     problem: "must be a number of at least 1".into(),
                 });
             }
+            // The idle sweep deletes buckets idle for an hour because such a bucket is full;
+            // a budget that takes longer to refill would be handed out early by the sweep.
+            if burst / per_second > crate::sweep::RETENTION.num_seconds() as f64 {
+                return Err(ConfigError {
+                    knob: knob.burst,
+                    problem: format!(
+                        "{burst} at {per_second} a second takes over an hour to refill, and the idle sweep deletes buckets after an hour as if full; raise {} or lower the burst",
+                        knob.per_second
+                    ),
+                });
+            }
             Ok(Budget { per_second, burst })
         };
         let [secret_read_node, secret_read_domain, access_issuance, ingest_node, ingest_domain] =
@@ -330,6 +341,27 @@ mod tests {
         rejects(&[(LISTEN, "localhost")], LISTEN);
         rejects(&[(DATABASE_TIMEOUT_MS, "0")], DATABASE_TIMEOUT_MS);
         rejects(&[("PLEXSPHERE_INGEST_NODE_BYTES_BURST", "1000")], "PLEXSPHERE_INGEST_NODE_BYTES_BURST");
+        // 20 reads at one every ten minutes: over an hour to refill.
+        rejects(&[("PLEXSPHERE_SECRET_READ_NODE_PER_SECOND", "0.0016")], "PLEXSPHERE_SECRET_READ_NODE_BURST");
+    }
+
+    #[test]
+    fn every_budget_must_refill_within_the_sweeps_retention_and_domain_policies_agree() {
+        let config = Config::from_vars(&vars(&[
+            ("PLEXSPHERE_ACCESS_ISSUANCE_PER_SECOND", "0.01"),
+            ("PLEXSPHERE_ACCESS_ISSUANCE_BURST", "36"),
+        ]))
+        .unwrap();
+        assert_eq!(config.budgets.access_issuance, Budget { per_second: 0.01, burst: 36.0 });
+        rejects(
+            &[
+                ("PLEXSPHERE_ACCESS_ISSUANCE_PER_SECOND", "0.01"),
+                ("PLEXSPHERE_ACCESS_ISSUANCE_BURST", "36.5"),
+            ],
+            "PLEXSPHERE_ACCESS_ISSUANCE_BURST",
+        );
+        // A Domain's own policy is checked by the access context against its own constant.
+        assert_eq!(access::MAX_REFILL_SECONDS, crate::sweep::RETENTION.num_seconds() as f64);
     }
 
     #[test]

@@ -66,7 +66,14 @@ impl Application {
         let background_pool = PgPoolOptions::new()
             .max_connections(2)
             .acquire_timeout(Duration::from_secs(10))
-            .connect_lazy_with(config.database.clone().application_name("plexsphere-background"));
+            .connect_lazy_with(
+                config
+                    .database
+                    .clone()
+                    .application_name("plexsphere-background")
+                    // The sweep bounds each batch itself; this stops the server's side too.
+                    .options([("statement_timeout", "10000")]),
+            );
         let state = AppState {
             access: bind_access(&config, &api_pool, &store, &wiring, &metrics),
             secrets: bind_secrets(&config, &api_pool, &store, &wiring, &metrics),
@@ -165,12 +172,14 @@ impl Application {
             Some(result) => result,
             None => server.await,
         };
-        // The elector releases the lock on its way out; wait for it so a successor can lead at once.
-        if !elector_done {
-            let _ = elector.await;
-        }
+        // The sweeper first: leadership must outlive the last sweep statement, so a successor
+        // never sweeps beside it. Then the elector releases the lock on its way out; wait for
+        // it so a successor can lead at once.
         if !sweeper_done {
             let _ = sweeper.await;
+        }
+        if !elector_done {
+            let _ = elector.await;
         }
         // No request is in flight any more: say goodbye to the server on the take connections.
         limiter_store.close().await;

@@ -20,6 +20,11 @@ use crate::metrics::Metrics;
 /// The loop's name, as it appears in logs.
 pub const LOOP_NAME: &str = "rate-budget-sweep";
 
+/// The longest one batch statement may take before the sweep gives up until the next tick.
+/// A batch takes tens of milliseconds (BENCHMARKS.md); this only bounds a hang, such as a
+/// silent network, that would otherwise hold up shutdown and leadership hand-over.
+const BATCH_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How long a bucket must be idle before the sweep deletes it.
 pub const RETENTION: chrono::TimeDelta = chrono::TimeDelta::hours(1);
 
@@ -37,25 +42,50 @@ pub enum SweepOutcome {
     Failed(ratebudget::Error),
 }
 
-/// Deletes every bucket idle since before `now - RETENTION`; one sweep, regardless of leadership.
+/// Deletes every bucket idle since before `now - RETENTION`, one batch statement at a time,
+/// for as long as `keep_going` allows between batches; returns how many it deleted.
 ///
 /// # Errors
-/// The store's error when the database did not answer.
-pub async fn sweep_once(store: &Store, clock: &dyn Clock) -> Result<u64, ratebudget::Error> {
-    store.delete_idle(clock.now() - RETENTION).await
+/// The store's error when the database did not answer; the batches before it stay deleted.
+pub async fn sweep_once(
+    store: &Store,
+    clock: &dyn Clock,
+    mut keep_going: impl FnMut() -> bool,
+) -> Result<u64, ratebudget::Error> {
+    let before = clock.now() - RETENTION;
+    let mut deleted = 0;
+    while keep_going() {
+        let batch =
+            tokio::time::timeout(BATCH_TIMEOUT, store.delete_idle_batch(before, Store::DELETE_IDLE_BATCH))
+                .await
+                .map_err(|_| {
+                    ratebudget::Error::Database(sqlx::Error::Io(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "a sweep batch did not finish in time",
+                    )))
+                })??;
+        deleted += batch;
+        if batch < Store::DELETE_IDLE_BATCH {
+            break;
+        }
+    }
+    Ok(deleted)
 }
 
-/// One tick: sweeps when this replica leads, and logs and counts what happened.
+/// One tick: sweeps while this replica leads and is not shutting down (checked before every
+/// batch, so a replica that loses leadership mid-sweep stops within one batch), and logs and
+/// counts what happened.
 pub async fn tick(
     store: &Store,
     clock: &dyn Clock,
     leadership: &Leadership,
     metrics: &Metrics,
+    shutdown: &CancellationToken,
 ) -> SweepOutcome {
     if !leadership.is_leader() {
         return SweepOutcome::NotLeader;
     }
-    match sweep_once(store, clock).await {
+    match sweep_once(store, clock, || leadership.is_leader() && !shutdown.is_cancelled()).await {
         Ok(deleted) => {
             tracing::info!(loop_name = LOOP_NAME, deleted, "swept idle rate budgets");
             metrics.sweep(Some(deleted));
@@ -85,7 +115,7 @@ pub async fn run(
             () = leadership.wait_until(true) => {}
         }
         // A new leader sweeps at once: whoever led before may have died just before its tick.
-        tick(&store, clock.as_ref(), &leadership, &metrics).await;
+        tick(&store, clock.as_ref(), &leadership, &metrics, &shutdown).await;
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(interval) => {}

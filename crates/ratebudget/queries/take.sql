@@ -22,7 +22,10 @@
 -- which made every refusal as expensive as an admit (measured: ~480 bytes of WAL per
 -- refusal and ~4-5k refusals/s on a hot bucket, against ~40k/s and no WAL with the guard).
 -- The snapshot can only be optimistic: concurrent takes only lower a bucket, so a row seen
--- as short is short. A row seen as coverable (or missing) goes through the upsert, whose
+-- as short is short. (One exception, and it only under-admits: a replica whose clock runs
+-- ahead may have refilled the row since, to an instant this caller's clock has not reached.
+-- The refusal then stands where the upsert would have granted; skew costs tokens, never
+-- grants extra ones.) A row seen as coverable (or missing) goes through the upsert, whose
 -- conflict arm is evaluated against the latest committed version under the row lock. That
 -- is what serialises concurrent takes on one bucket: the last token is granted once.
 -- A refusal decided by that WHERE matches no row and leaves the row as it was, so tokens

@@ -55,6 +55,13 @@ pub struct Bucket {
 
 impl Store {
     /// A store on `pool`, which must have the workspace's migrations applied.
+    ///
+    /// Takes run on connections of the store's own, opened from the pool's connect options and
+    /// at most as many as its maximum; the pool's hooks (`after_connect` and the like) do not
+    /// run on them, so put per-session settings in the connect options. Waiting for one of
+    /// them is bounded by the pool's acquire timeout; the statement itself is not, so a caller
+    /// that must answer in bounded time (as the HTTP service does) puts a timeout around the
+    /// take, and a cancelled take closes its connection rather than reusing it.
     pub fn new(pool: PgPool) -> Store {
         Store { takes: Arc::new(TakeConnections::new(pool.clone())), pool }
     }

@@ -9,10 +9,13 @@ mod node;
 mod operator;
 mod probes;
 
+use std::cell::Cell;
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
 use axum::routing::{get, post, put};
 use axum::Router;
 use sqlx::PgPool;
@@ -50,12 +53,26 @@ pub struct AppState {
     pub metrics: Metrics,
 }
 
+tokio::task_local! {
+    /// What is left of the current request's database time (see [`AppState::bounded`]).
+    static DATABASE_TIME_LEFT: Cell<Duration>;
+}
+
 impl AppState {
-    /// Runs a call that may wait on the database, answering 500 when it takes longer than the
-    /// database timeout. The pool's own acquire timeout bounds waiting for a connection; this
-    /// bounds everything after it too, such as a statement stuck behind a lock.
+    /// Runs a call that may wait on the database, answering 500 when the request's database
+    /// time runs out.
+    ///
+    /// Every request gets `PLEXSPHERE_DATABASE_TIMEOUT_MS` of database time in all, shared by
+    /// its calls (authenticating a Node, then reading a secret, say), so no request waits for
+    /// the database longer than that. Time spent receiving a body does not count. The pool's
+    /// acquire timeout bounds waiting for a connection; this bounds everything after it too,
+    /// such as a statement stuck behind a lock or a network that went silent.
     pub async fn bounded<T>(&self, what: &'static str, call: impl Future<Output = T>) -> Result<T, ApiError> {
-        tokio::time::timeout(self.database_timeout, call).await.map_err(|_| {
+        let left = DATABASE_TIME_LEFT.try_with(Cell::get).unwrap_or(self.database_timeout);
+        let started = Instant::now();
+        let outcome = tokio::time::timeout(left, call).await;
+        let _ = DATABASE_TIME_LEFT.try_with(|time| time.set(left.saturating_sub(started.elapsed())));
+        outcome.map_err(|_| {
             tracing::error!(
                 timeout_ms = self.database_timeout.as_millis() as u64,
                 "{what}: the database did not answer in time"
@@ -63,6 +80,11 @@ impl AppState {
             ApiError::Internal
         })
     }
+}
+
+/// Gives each request its own database time, which [`AppState::bounded`] spends.
+async fn database_time(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    DATABASE_TIME_LEFT.scope(Cell::new(state.database_timeout), next.run(request)).await
 }
 
 /// Every route of the API.
@@ -81,6 +103,7 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(probes::metrics))
         .fallback(probes::not_found)
         .method_not_allowed_fallback(probes::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), database_time))
         .with_state(state)
 }
 
