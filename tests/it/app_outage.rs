@@ -42,11 +42,9 @@ async fn assert_recovers(replica: &Replica, token: &str) {
     assert_eq!(replica.get("/readyz", None).await.status, StatusCode::OK);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
-async fn with_the_database_cut_off_requests_fail_closed_with_500_and_recover_by_themselves(
-    _: PgPoolOptions,
-    connect: PgConnectOptions,
-) {
+/// A replica behind a proxy, serving a Node and its secret; the proxy then does `outage`
+/// to the database, and later lets it through again.
+async fn outage_and_recovery(connect: PgConnectOptions, outage: Mode) {
     let proxy = Proxy::start(upstream(&connect)).await;
     let through_proxy = connect.clone().host("127.0.0.1").port(proxy.address().port());
     let replica = Replica::start(config(&through_proxy, &[]), Arc::new(SystemClock)).await;
@@ -56,9 +54,10 @@ async fn with_the_database_cut_off_requests_fail_closed_with_500_and_recover_by_
     assert_eq!(replica.get("/v1/secrets/api-key", Some(&token)).await.status, StatusCode::OK);
     tokio::time::timeout(Duration::from_secs(10), replica.leadership.clone().wait_until(true)).await.unwrap();
 
-    proxy.set(Mode::Severed);
+    proxy.set(outage);
     assert_down(&replica, &token).await;
-    // A replica that has lost its session stops claiming leadership.
+    // A replica that has lost its session (or whose session checks time out) stops claiming
+    // leadership.
     eventually(Duration::from_secs(15), "the leader gauge drops", || async {
         replica.leader_gauge().await == 0
     })
@@ -68,37 +67,23 @@ async fn with_the_database_cut_off_requests_fail_closed_with_500_and_recover_by_
     assert_recovers(&replica, &token).await;
     eventually(Duration::from_secs(15), "it leads again", || async { replica.leader_gauge().await == 1 })
         .await;
-
     replica.stop().await;
 }
 
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn with_the_database_cut_off_requests_fail_closed_with_500_and_recover_by_themselves(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    outage_and_recovery(connect, Mode::Severed).await;
+}
+
+/// Connections stay open but nothing crosses them: without the request's database deadline
+/// these calls would hang (the test client gives up after 20 s and fails the test).
 #[sqlx::test(migrator = "app::MIGRATOR")]
 async fn with_the_network_silent_requests_answer_500_within_the_database_timeout(
     _: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let proxy = Proxy::start(upstream(&connect)).await;
-    let through_proxy = connect.clone().host("127.0.0.1").port(proxy.address().port());
-    let replica = Replica::start(config(&through_proxy, &[]), Arc::new(SystemClock)).await;
-    let domain = replica.create_domain("partition", None).await;
-    let (_, token) = replica.enroll(&domain, "node-1").await;
-    replica.put_secret(&domain, "api-key", "s3cr3t").await;
-
-    tokio::time::timeout(Duration::from_secs(10), replica.leadership.clone().wait_until(true)).await.unwrap();
-
-    // Connections stay open but nothing crosses them: without the request deadline these
-    // calls would hang (the client gives up after 20 s and fails the test).
-    proxy.set(Mode::Stalled);
-    assert_down(&replica, &token).await;
-    // The leader's session check times out too, and it stops claiming leadership.
-    eventually(Duration::from_secs(15), "the leader gauge drops", || async {
-        replica.leader_gauge().await == 0
-    })
-    .await;
-
-    proxy.set(Mode::Open);
-    assert_recovers(&replica, &token).await;
-    eventually(Duration::from_secs(15), "it leads again", || async { replica.leader_gauge().await == 1 })
-        .await;
-    replica.stop().await;
+    outage_and_recovery(connect, Mode::Stalled).await;
 }

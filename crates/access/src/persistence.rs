@@ -2,7 +2,6 @@
 //! the shared rate budgets.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use ratebudget::{Budget, Clock, Key, Scope, Store};
 use sqlx::PgPool;
@@ -15,11 +14,6 @@ use crate::{
 
 /// What one issuance costs, in tokens of its Domain's bucket.
 const ISSUANCE_COST: f64 = 1.0;
-
-/// What a refusal tells the caller to wait when the budget can never cover an issuance, or
-/// the wait is too long to express: long enough to stop a retry loop, short enough that a
-/// corrected budget is noticed.
-const NEVER_COVERS_RETRY_AFTER: Duration = Duration::from_secs(60 * 60);
 
 /// Domains and Nodes in `plexsphere.domains` and `plexsphere.nodes`.
 #[derive(Clone, Debug)]
@@ -160,10 +154,6 @@ impl Limiter for RateBudgetIssuanceLimiter {
         if granted {
             return Ok(());
         }
-        let retry_after = budget
-            .seconds_to_cover(ISSUANCE_COST)
-            .and_then(|seconds| Duration::try_from_secs_f64(seconds).ok())
-            .unwrap_or(NEVER_COVERS_RETRY_AFTER);
-        Err(IssuanceLimitError::RateLimited { retry_after })
+        Err(IssuanceLimitError::RateLimited { retry_after: budget.retry_after(ISSUANCE_COST) })
     }
 }

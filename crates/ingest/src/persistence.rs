@@ -4,17 +4,11 @@
 //! This is the only module of the context that names `sqlx` or `ratebudget`.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use ratebudget::{Budget, Clock, Key, PairDecision, Scope, Spend, Store};
 use sqlx::PgPool;
 
 use crate::{BatchId, BatchRepository, Limiter, QuotaError, RepositoryError, Sender};
-
-/// The wait a refusal reports when the refusing quota can never cover the batch (a batch
-/// above its burst, or a quota that does not refill). Nothing the Node waits for helps, but
-/// a Retry-After must be finite, and an hour keeps a misbehaving Node from retrying in a loop.
-const NEVER_COVERED_RETRY_AFTER: Duration = Duration::from_secs(3600);
 
 /// Batches in `plexsphere.ingest_batches`.
 #[derive(Clone, Debug)]
@@ -110,22 +104,11 @@ impl Limiter for RateBudgetQuotaLimiter {
         match decision {
             PairDecision::Granted => Ok(()),
             PairDecision::FirstRefused => {
-                Err(QuotaError::NodeQuotaExceeded { retry_after: retry_after(self.node_budget, cost) })
+                Err(QuotaError::NodeQuotaExceeded { retry_after: self.node_budget.retry_after(cost) })
             }
             PairDecision::SecondRefused => {
-                Err(QuotaError::DomainQuotaExceeded { retry_after: retry_after(self.domain_budget, cost) })
+                Err(QuotaError::DomainQuotaExceeded { retry_after: self.domain_budget.retry_after(cost) })
             }
         }
     }
-}
-
-/// How long the refusing bucket needs, from empty, to cover `cost`: an upper bound on the
-/// wait whatever it holds now, so a Node that waits this long is not refused again for lack
-/// of refill.
-fn retry_after(budget: Budget, cost: f64) -> Duration {
-    budget
-        .seconds_to_cover(cost)
-        // A rate so slow that the wait overflows a Duration is as good as never.
-        .and_then(|seconds| Duration::try_from_secs_f64(seconds).ok())
-        .unwrap_or(NEVER_COVERED_RETRY_AFTER)
 }

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 use crate::Error;
 
@@ -103,15 +104,20 @@ impl Budget {
         }
     }
 
-    /// Seconds a bucket that is empty now needs before it covers `cost`: `cost / per_second`.
-    ///
-    /// It bounds how long any refused caller must wait, whatever is left in the bucket.
-    /// `None` when the bucket never covers it (a zero rate, or a cost above the burst).
-    pub fn seconds_to_cover(self, cost: f64) -> Option<f64> {
+    /// The wait a refusal reports when the bucket can never cover the cost (a zero rate, or a
+    /// cost above the burst): waiting helps nothing, but a Retry-After must be finite, and an
+    /// hour keeps a misbehaving caller from retrying in a loop.
+    pub const NEVER_COVERS: Duration = Duration::from_secs(60 * 60);
+
+    /// How long a caller refused `cost` should wait before asking again: the time an empty
+    /// bucket takes to cover it, `cost / per_second`, which bounds the wait whatever the
+    /// bucket holds now. [`Budget::NEVER_COVERS`] when the bucket can never cover it, or the
+    /// wait is too long for a `Duration`.
+    pub fn retry_after(self, cost: f64) -> Duration {
         if cost > self.burst || self.per_second <= 0.0 {
-            return None;
+            return Budget::NEVER_COVERS;
         }
-        Some(cost / self.per_second)
+        Duration::try_from_secs_f64(cost / self.per_second).unwrap_or(Budget::NEVER_COVERS)
     }
 }
 
@@ -156,5 +162,26 @@ impl Spend {
         } else {
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_the_time_an_empty_bucket_takes_to_cover_the_cost() {
+        let budget = |per_second, burst| Budget { per_second, burst };
+        assert_eq!(budget(2.0, 10.0).retry_after(1.0), Duration::from_millis(500));
+        assert_eq!(budget(0.25, 1.0).retry_after(1.0), Duration::from_secs(4));
+        assert_eq!(budget(100.0, 1000.0).retry_after(500.0), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn retry_after_is_an_hour_when_the_bucket_never_covers_the_cost() {
+        let budget = |per_second, burst| Budget { per_second, burst };
+        assert_eq!(budget(0.0, 10.0).retry_after(1.0), Budget::NEVER_COVERS);
+        assert_eq!(budget(1.0, 0.5).retry_after(1.0), Budget::NEVER_COVERS);
+        assert_eq!(budget(f64::MIN_POSITIVE, 10.0).retry_after(1.0), Budget::NEVER_COVERS);
     }
 }

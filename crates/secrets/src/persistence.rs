@@ -4,7 +4,6 @@
 //! This is the only module of the context that names `sqlx` or `ratebudget`.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use ratebudget::{Budget, Clock, PairDecision, Scope, Spend, Store};
 use sqlx::PgPool;
@@ -15,10 +14,6 @@ use crate::{
 
 /// What one read costs from each of its two budgets.
 const READ_COST: f64 = 1.0;
-
-/// What a refusal asks the caller to wait when its budget never covers a read (a zero rate,
-/// or a burst below one read), or when the wait does not fit a `Duration`.
-const RETRY_AFTER_NEVER: Duration = Duration::from_secs(60 * 60);
 
 const PUT: &str = "\
 INSERT INTO plexsphere.secrets (domain_id, name, value, updated_at)
@@ -130,37 +125,12 @@ impl Limiter for RateBudgetReadLimiter {
         match self.store.take_pair(node, domain, self.clock.now()).await {
             Ok(PairDecision::Granted) => Ok(()),
             Ok(PairDecision::FirstRefused) => {
-                Err(ReadLimitError::NodeRateLimited { retry_after: retry_after(self.node_budget) })
+                Err(ReadLimitError::NodeRateLimited { retry_after: self.node_budget.retry_after(READ_COST) })
             }
-            Ok(PairDecision::SecondRefused) => {
-                Err(ReadLimitError::DomainRateLimited { retry_after: retry_after(self.domain_budget) })
-            }
+            Ok(PairDecision::SecondRefused) => Err(ReadLimitError::DomainRateLimited {
+                retry_after: self.domain_budget.retry_after(READ_COST),
+            }),
             Err(error) => Err(ReadLimitError::Unavailable(error.into())),
         }
-    }
-}
-
-/// How long a caller refused by `budget` should wait: the time an empty bucket takes to
-/// cover one read, which bounds the wait whatever the bucket holds now.
-fn retry_after(budget: Budget) -> Duration {
-    budget
-        .seconds_to_cover(READ_COST)
-        // A rate so small the wait overflows a Duration is, to a caller, one that never refills.
-        .and_then(|seconds| Duration::try_from_secs_f64(seconds).ok())
-        .unwrap_or(RETRY_AFTER_NEVER)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn retry_after_is_the_time_to_refill_one_read_or_an_hour_when_it_never_refills() {
-        let budget = |per_second, burst| Budget { per_second, burst };
-        assert_eq!(retry_after(budget(2.0, 10.0)), Duration::from_millis(500));
-        assert_eq!(retry_after(budget(0.25, 1.0)), Duration::from_secs(4));
-        assert_eq!(retry_after(budget(0.0, 10.0)), RETRY_AFTER_NEVER);
-        assert_eq!(retry_after(budget(1.0, 0.5)), RETRY_AFTER_NEVER);
-        assert_eq!(retry_after(budget(f64::MIN_POSITIVE, 10.0)), RETRY_AFTER_NEVER);
     }
 }
