@@ -218,6 +218,56 @@ async fn exactly_one_replica_leads_and_leadership_moves_when_it_stops(
     late.stop().await;
 }
 
+/// The backend holding the leader lock in this database, if any.
+async fn leader_backend(pool: &PgPool) -> Option<i32> {
+    let key = app::leader::LEADER_LOCK_KEY;
+    // pg_locks shows a bigint advisory key as its high and low 32 bits.
+    sqlx::query_scalar(
+        "SELECT pid FROM pg_locks
+         WHERE locktype = 'advisory' AND classid::bigint = $1 AND objid::bigint = $2 AND objsubid = 1
+           AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .bind(key >> 32)
+    .bind(key & 0xffff_ffff)
+    .fetch_optional(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn when_the_leaders_session_dies_another_replica_leads_within_15_s_on_production_timing(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let pool = pool_options.connect_with(connect.clone()).await.unwrap();
+    let start = || Replica::start_with(config(&connect, &[]), app::startup::Wiring::production());
+    let (a, b) = (start().await, start().await);
+    let within = Duration::from_secs(15);
+    eventually(within, "one replica leads", || async {
+        a.leadership.is_leader() || b.leadership.is_leader()
+    })
+    .await;
+    let (leader, mut follower) = if a.leadership.is_leader() { (a, b) } else { (b, a) };
+    let session = leader_backend(&pool).await.expect("the leader holds the lock");
+
+    // The server ends the leader's session, as it would for a crashed connection or an
+    // operator's pg_terminate_backend; the replica itself keeps running.
+    let terminated: bool =
+        sqlx::query_scalar("SELECT pg_terminate_backend($1)").bind(session).fetch_one(&pool).await.unwrap();
+    assert!(terminated);
+    let mut old = leader.leadership.clone();
+    tokio::time::timeout(within, old.wait_until(false)).await.expect("the old leader stops claiming");
+    tokio::time::timeout(within, follower.leadership.wait_until(true))
+        .await
+        .expect("the follower takes over");
+    assert_eq!(leader.leader_gauge().await, 0);
+    assert_eq!(follower.leader_gauge().await, 1);
+    assert_ne!(leader_backend(&pool).await, Some(session));
+
+    leader.stop().await;
+    follower.stop().await;
+}
+
 #[sqlx::test(migrator = "app::MIGRATOR")]
 async fn the_leaders_sweep_deletes_buckets_idle_for_over_an_hour_and_keeps_the_rest(
     pool_options: PgPoolOptions,

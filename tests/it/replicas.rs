@@ -68,8 +68,11 @@ pub(crate) struct Replica {
 
 impl Replica {
     pub(crate) async fn start(config: Config, clock: Arc<dyn Clock>) -> Replica {
-        let application =
-            Application::build(config, Wiring { clock, leader_timing: FAST_LEADER }).await.unwrap();
+        Replica::start_with(config, Wiring { clock, leader_timing: FAST_LEADER }).await
+    }
+
+    pub(crate) async fn start_with(config: Config, wiring: Wiring) -> Replica {
+        let application = Application::build(config, wiring).await.unwrap();
         let base = format!("http://{}", application.local_addr());
         let leadership = application.leadership();
         let stop = application.shutdown_token();

@@ -112,6 +112,9 @@ impl Elector {
         let mut session: Option<PgConnection> = None;
         let mut leading = false;
         let mut last_failure_logged = false;
+        // A replica that just lost leadership sits out two polls before competing again, so a
+        // healthy follower takes over rather than a flaky leader winning the lock back at once.
+        let mut compete_after = tokio::time::Instant::now();
         loop {
             let wait = if leading { self.timing.ping } else { self.timing.retry };
             match session.as_mut() {
@@ -136,9 +139,11 @@ impl Elector {
                         leading = false;
                         self.announce(false);
                         session = None;
+                        compete_after = tokio::time::Instant::now() + 2 * self.timing.retry;
                         continue;
                     }
                 }
+                Some(_) if tokio::time::Instant::now() < compete_after => {}
                 Some(connection) => {
                     let attempt = sqlx::query_scalar::<_, bool>("SELECT pg_try_advisory_lock($1)")
                         .bind(LEADER_LOCK_KEY)
