@@ -42,11 +42,6 @@ impl ManualClock {
         *self.lock() += by;
     }
 
-    /// Puts the clock at `at`.
-    pub fn set(&self, at: DateTime<Utc>) {
-        *self.lock() = at;
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, DateTime<Utc>> {
         // A panic while holding this lock cannot leave the instant half-written.
         self.now.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
