@@ -45,7 +45,7 @@ statement() {
 {
     echo '\set n random(1, 100000)'
     echo '\set d random(1, 1000)'
-    statement take_pair | sed -e 's/\$10::/:burst::/g' -e 's/\$11::/:now::/g' \
+    statement decide_pair | sed -e 's/\$10::/:burst::/g' -e 's/\$11::/:now::/g' \
         -e 's/\$1::text/:node_scope::text/g' -e 's/\$2::uuid/md5(:n::text)::uuid/g' -e 's/\$3::/:cost::/g' \
         -e 's/\$4::/:rate::/g' -e 's/\$5::/:burst::/g' -e 's/\$6::text/:domain_scope::text/g' \
         -e 's/\$7::uuid/md5(:d::text)::uuid/g' -e 's/\$8::/:cost::/g' -e 's/\$9::/:rate::/g'
@@ -54,10 +54,10 @@ statement() {
 common=(-D cost=1 -D now=2026-01-01T00:00:00Z -D burst=1e12)
 pgbench_args() {
     case "$1" in
-        random) echo "-f $work/random.sql -D scope=ingest_node -D rate=1 ${common[*]}" ;;
-        hot) echo "-f $work/fixed.sql -D scope=secret_read_node -D key=00000000-0000-4000-8000-000000000001 -D rate=1 ${common[*]}" ;;
-        refused) echo "-f $work/fixed.sql -D scope=secret_read_node -D key=00000000-0000-4000-8000-000000000002 -D rate=0 ${common[*]}" ;;
-        pair) echo "-f $work/pair.sql -D node_scope=ingest_node -D domain_scope=ingest_domain -D rate=1 ${common[*]}" ;;
+        random) echo "-f $work/random.sql -D scope=ingest_node -D rate=1e9 ${common[*]}" ;;
+        hot) echo "-f $work/fixed.sql -D scope=secret_read_node -D key=00000000-0000-4000-8000-000000000001 -D rate=1e9 ${common[*]}" ;;
+        refused) echo "-f $work/fixed.sql -D scope=secret_read_node -D key=00000000-0000-4000-8000-000000000002 -D rate=1e9 ${common[*]}" ;;
+        pair) echo "-f $work/pair.sql -D node_scope=ingest_node -D domain_scope=ingest_domain -D rate=1e9 ${common[*]}" ;;
     esac
 }
 

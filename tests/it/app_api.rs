@@ -9,15 +9,15 @@ use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
-use crate::helpers::instant;
-use crate::replicas::{config, Replica};
+use crate::support::helpers::instant;
+use crate::support::replicas::{config, Replica};
 
 async fn replica(connect: &PgConnectOptions) -> Replica {
     Replica::start(config(connect, &[]), Arc::new(ManualClock::new(instant()))).await
 }
 
 #[track_caller]
-fn check(answer: &crate::replicas::Answer, status: StatusCode, code: &str) {
+fn check(answer: &crate::support::replicas::Answer, status: StatusCode, code: &str) {
     assert_eq!((answer.status, answer.code()), (status, code), "{answer:?}");
     assert!(answer.body["error"].as_str().is_some_and(|error| !error.is_empty()), "{answer:?}");
 }
@@ -32,7 +32,7 @@ async fn operator_routes_need_the_operator_token(_: PgPoolOptions, connect: PgCo
     }
     // A Node's token is not the operator's.
     let domain = replica.create_domain("d", None).await;
-    let (_, node_token) = replica.enroll(&domain, "n").await;
+    let (_, node_token) = replica.enrol(&domain, "n").await;
     let answer = replica.request(Method::POST, "/v1/domains", Some(&node_token), body).await;
     check(&answer, StatusCode::UNAUTHORIZED, "unauthorized");
     replica.stop().await;
@@ -46,7 +46,7 @@ async fn bad_input_is_a_400_and_writes_nothing(pool_options: PgPoolOptions, conn
         replica.request(
             Method::POST,
             path,
-            Some(crate::replicas::OPERATOR_TOKEN),
+            Some(crate::support::replicas::OPERATOR_TOKEN),
             Some(body.as_bytes().to_vec()),
         )
     };
@@ -101,7 +101,7 @@ async fn unknown_domains_secrets_and_routes_are_404(_: PgPoolOptions, connect: P
     check(&answer, StatusCode::NOT_FOUND, "unknown_domain");
 
     let domain = replica.create_domain("d", None).await;
-    let (_, token) = replica.enroll(&domain, "n").await;
+    let (_, token) = replica.enrol(&domain, "n").await;
     check(
         &replica.get("/v1/secrets/never-written", Some(&token)).await,
         StatusCode::NOT_FOUND,
@@ -117,7 +117,9 @@ async fn node_routes_need_a_node_token(_: PgPoolOptions, connect: PgConnectOptio
     let domain = replica.create_domain("d", None).await;
     replica.put_secret(&domain, "key", "value").await;
     let forged = format!("psn_{}", "A".repeat(43));
-    for bearer in [None, Some("garbage"), Some(forged.as_str()), Some(crate::replicas::OPERATOR_TOKEN)] {
+    for bearer in
+        [None, Some("garbage"), Some(forged.as_str()), Some(crate::support::replicas::OPERATOR_TOKEN)]
+    {
         check(&replica.get("/v1/secrets/key", bearer).await, StatusCode::UNAUTHORIZED, "unauthorized");
         let answer = replica.request(Method::POST, "/v1/ingest", bearer, Some(b"x".to_vec())).await;
         check(&answer, StatusCode::UNAUTHORIZED, "unauthorized");
@@ -133,7 +135,7 @@ async fn a_node_reads_only_its_own_domains_secrets(_: PgPoolOptions, connect: Pg
     replica.put_secret(&first, "db-password", "first's").await;
     replica.put_secret(&second, "db-password", "second's").await;
     replica.put_secret(&first, "only-first", "x").await;
-    let (_, token) = replica.enroll(&second, "n").await;
+    let (_, token) = replica.enrol(&second, "n").await;
 
     let answer = replica.get("/v1/secrets/db-password", Some(&token)).await;
     assert_eq!(answer.status, StatusCode::OK);
@@ -154,7 +156,7 @@ async fn a_node_reads_only_its_own_domains_secrets(_: PgPoolOptions, connect: Pg
 async fn the_operator_reads_a_budget_over_http_and_with_the_cli(_: PgPoolOptions, connect: PgConnectOptions) {
     let replica = replica(&connect).await;
     let domain = replica.create_domain("d", None).await;
-    let (node, token) = replica.enroll(&domain, "n").await;
+    let (node, token) = replica.enrol(&domain, "n").await;
     replica.put_secret(&domain, "key", "value").await;
     for _ in 0..3 {
         assert_eq!(replica.get("/v1/secrets/key", Some(&token)).await.status, StatusCode::OK);
@@ -185,7 +187,7 @@ async fn probes_and_metrics_answer(_: PgPoolOptions, connect: PgConnectOptions) 
     assert_eq!(replica.get("/healthz", None).await.status, StatusCode::OK);
     assert_eq!(replica.get("/readyz", None).await.status, StatusCode::OK);
     let domain = replica.create_domain("d", Some((1.0, 1.0))).await;
-    replica.enroll(&domain, "n").await;
+    replica.enrol(&domain, "n").await;
     let refused = replica
         .operator(Method::POST, &format!("/v1/domains/{domain}/nodes"), Some(json!({ "name": "m" })))
         .await;

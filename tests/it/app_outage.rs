@@ -9,8 +9,8 @@ use ratebudget::SystemClock;
 use reqwest::{Method, StatusCode};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-use crate::proxy::{Mode, Proxy};
-use crate::replicas::{config, eventually, Replica};
+use crate::support::proxy::{Mode, Proxy};
+use crate::support::replicas::{config, eventually, Replica};
 
 /// Where the test's own database really is, as DATABASE_URL named it.
 fn upstream(connect: &PgConnectOptions) -> SocketAddr {
@@ -49,7 +49,7 @@ async fn outage_and_recovery(connect: PgConnectOptions, outage: Mode) {
     let through_proxy = connect.clone().host("127.0.0.1").port(proxy.address().port());
     let replica = Replica::start(config(&through_proxy, &[]), Arc::new(SystemClock)).await;
     let domain = replica.create_domain("outage", None).await;
-    let (_, token) = replica.enroll(&domain, "node-1").await;
+    let (_, token) = replica.enrol(&domain, "node-1").await;
     replica.put_secret(&domain, "api-key", "s3cr3t").await;
     assert_eq!(replica.get("/v1/secrets/api-key", Some(&token)).await.status, StatusCode::OK);
     tokio::time::timeout(Duration::from_secs(10), replica.leadership.clone().wait_until(true)).await.unwrap();

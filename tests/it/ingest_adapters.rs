@@ -7,21 +7,30 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use ingest::{
-    BatchRepository, DomainId, IngestError, IngestService, Limiter, NodeId, PgBatchRepository, QuotaError,
-    RateBudgetQuotaLimiter, Sender,
+    BatchRepository, DomainId, IngestError, IngestService, Limiter, NodeId, PgBatchRepository, Quota,
+    QuotaError, RateBudgetQuotaLimiter, Sender,
 };
-use ratebudget::{Budget, ManualClock, Store};
+use ratebudget::{Limit, ManualClock, Store};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use tokio::sync::Barrier;
 use uuid::Uuid;
 
-use crate::helpers::{instant, unreachable_pool};
+use crate::support::helpers::{instant, unreachable_pool};
 
 /// A Node quota of 1000 bytes refilling at 250 bytes a second (full in 4 s, the shipped
 /// shape), and a Domain quota large enough not to bind unless a test says otherwise.
-const NODE: Budget = Budget { per_second: 250.0, burst: 1000.0 };
-const ROOMY_DOMAIN: Budget = Budget { per_second: 2500.0, burst: 10_000.0 };
+fn limit(per_second: f64, burst: f64) -> Limit {
+    Limit::new(per_second, burst).unwrap()
+}
+
+fn node_quota() -> Limit {
+    limit(250.0, 1000.0)
+}
+
+fn roomy_domain() -> Limit {
+    limit(2500.0, 10_000.0)
+}
 
 fn sender_in(domain: DomainId) -> Sender {
     Sender { node: NodeId::from(Uuid::new_v4()), domain }
@@ -31,11 +40,11 @@ fn new_domain() -> DomainId {
     DomainId::from(Uuid::new_v4())
 }
 
-fn limiter(pool: &PgPool, clock: &ManualClock, node: Budget, domain: Budget) -> RateBudgetQuotaLimiter {
-    RateBudgetQuotaLimiter::new(Store::new(pool.clone()), Arc::new(clock.clone()), node, domain)
+fn limiter(pool: &PgPool, clock: &ManualClock, node: Limit, domain: Limit) -> RateBudgetQuotaLimiter {
+    RateBudgetQuotaLimiter::new(Arc::new(Store::new(pool.clone())), Arc::new(clock.clone()), node, domain)
 }
 
-fn service(pool: &PgPool, clock: &ManualClock, node: Budget, domain: Budget) -> IngestService {
+fn service(pool: &PgPool, clock: &ManualClock, node: Limit, domain: Limit) -> IngestService {
     IngestService::new(
         Arc::new(PgBatchRepository::new(pool.clone())),
         Arc::new(limiter(pool, clock, node, domain)),
@@ -78,7 +87,7 @@ async fn an_accepted_batch_is_committed_with_its_byte_count_payload_node_and_dom
         || sqlx::query_scalar::<_, DateTime<Utc>>("SELECT statement_timestamp()").fetch_one(&pool);
     let before = database_now().await.unwrap();
 
-    let id = service(&pool, &clock, NODE, ROOMY_DOMAIN).accept(sender, &payload).await.unwrap();
+    let id = service(&pool, &clock, node_quota(), roomy_domain()).accept(sender, &payload).await.unwrap();
 
     let after = database_now().await.unwrap();
     // Read on a connection of its own: the batch must be committed, not merely written.
@@ -107,16 +116,16 @@ async fn wire_bytes_are_what_both_quotas_are_charged(pool: PgPool) {
     let clock = ManualClock::new(instant());
     let domain = new_domain();
     let sender = sender_in(domain);
-    let service = service(&pool, &clock, NODE, ROOMY_DOMAIN);
+    let service = service(&pool, &clock, node_quota(), roomy_domain());
 
     service.accept(sender, &[1; 600]).await.unwrap();
     assert_eq!(node_tokens(&pool, sender).await, Some(400.0));
     assert_eq!(domain_tokens(&pool, domain).await, Some(9400.0));
 
-    // 500 bytes do not fit in the 400 left; the wait is what an empty quota needs for 500.
+    // 500 bytes do not fit in the 400 left; the wait is what the missing 100 take at 250/s.
     let refused = service.accept(sender, &[2; 500]).await.unwrap_err();
     assert!(
-        matches!(refused, IngestError::NodeQuotaExceeded { retry_after } if retry_after == Duration::from_secs(2)),
+        matches!(refused, IngestError::QuotaExceeded { quota: Quota::Node, retry_after } if retry_after == Duration::from_millis(400)),
         "{refused:?}"
     );
     assert_eq!(node_tokens(&pool, sender).await, Some(400.0));
@@ -132,15 +141,24 @@ async fn wire_bytes_are_what_both_quotas_are_charged(pool: PgPool) {
 async fn the_node_quota_refills_as_the_clock_moves(pool: PgPool) {
     let clock = ManualClock::new(instant());
     let sender = sender_in(new_domain());
-    let service = service(&pool, &clock, NODE, ROOMY_DOMAIN);
+    let service = service(&pool, &clock, node_quota(), roomy_domain());
     service.accept(sender, &[0; 1000]).await.unwrap();
-    assert!(matches!(service.accept(sender, b"x").await, Err(IngestError::NodeQuotaExceeded { .. })));
+    assert!(matches!(
+        service.accept(sender, b"x").await,
+        Err(IngestError::QuotaExceeded { quota: Quota::Node, .. })
+    ));
 
     // One second at 250 bytes a second covers 250 bytes and not one more.
     clock.advance(chrono::Duration::seconds(1));
-    assert!(matches!(service.accept(sender, &[0; 251]).await, Err(IngestError::NodeQuotaExceeded { .. })));
+    assert!(matches!(
+        service.accept(sender, &[0; 251]).await,
+        Err(IngestError::QuotaExceeded { quota: Quota::Node, .. })
+    ));
     service.accept(sender, &[0; 250]).await.unwrap();
-    assert!(matches!(service.accept(sender, b"x").await, Err(IngestError::NodeQuotaExceeded { .. })));
+    assert!(matches!(
+        service.accept(sender, b"x").await,
+        Err(IngestError::QuotaExceeded { quota: Quota::Node, .. })
+    ));
 
     // An hour later the quota is full again, and no fuller: refill is capped at the burst.
     clock.advance(chrono::Duration::hours(1));
@@ -153,9 +171,9 @@ async fn the_node_quota_refills_as_the_clock_moves(pool: PgPool) {
 async fn the_domain_quota_refuses_while_the_node_has_budget_and_the_node_is_not_debited(pool: PgPool) {
     let clock = ManualClock::new(instant());
     let domain = new_domain();
-    // 400 bytes a second, so the Domain's wait for 600 bytes is exactly 1.5 s.
-    let small_domain = Budget { per_second: 400.0, burst: 1500.0 };
-    let service = service(&pool, &clock, NODE, small_domain);
+    // 400 bytes a second, so the Domain's wait for the 200 bytes it lacks is exactly 0.5 s.
+    let small_domain = limit(400.0, 1500.0);
+    let service = service(&pool, &clock, node_quota(), small_domain);
     let (thrifty, busy) = (sender_in(domain), sender_in(domain));
 
     service.accept(thrifty, &[0; 100]).await.unwrap();
@@ -165,7 +183,7 @@ async fn the_domain_quota_refuses_while_the_node_has_budget_and_the_node_is_not_
     // The thrifty Node has 900 bytes left, but its Domain only 400.
     let refused = service.accept(thrifty, &[0; 600]).await.unwrap_err();
     assert!(
-        matches!(refused, IngestError::DomainQuotaExceeded { retry_after } if retry_after == Duration::from_millis(1500)),
+        matches!(refused, IngestError::QuotaExceeded { quota: Quota::Domain, retry_after } if retry_after == Duration::from_millis(500)),
         "{refused:?}"
     );
     assert_eq!(node_tokens(&pool, thrifty).await, Some(900.0));
@@ -185,8 +203,8 @@ async fn batches_from_many_nodes_through_two_pools_at_one_instant_never_overspen
     // 10 Nodes with 10 batches each: 3000 bytes a Node, well inside its 5000, so only the
     // Domain binds, and it covers floor(10000 / 300) = 33 batches.
     let (size, batches, domain_burst) = (300usize, 100usize, 10_000.0);
-    let node_budget = Budget { per_second: 1250.0, burst: 5000.0 };
-    let domain_budget = Budget { per_second: 2500.0, burst: domain_burst };
+    let node_budget = limit(1250.0, 5000.0);
+    let domain_budget = limit(2500.0, domain_burst);
     let services = [
         service(&pools[0], &clock, node_budget, domain_budget),
         service(&pools[1], &clock, node_budget, domain_budget),
@@ -209,7 +227,7 @@ async fn batches_from_many_nodes_through_two_pools_at_one_instant_never_overspen
     for task in tasks {
         match task.await.unwrap() {
             Ok(_) => admitted += 1,
-            Err(IngestError::DomainQuotaExceeded { .. }) => {}
+            Err(IngestError::QuotaExceeded { quota: Quota::Domain, .. }) => {}
             Err(other) => panic!("only the Domain may refuse, got {other:?}"),
         }
     }
@@ -253,11 +271,12 @@ async fn a_limiter_that_cannot_reach_its_store_is_unavailable_never_a_refusal() 
     let pool = unreachable_pool();
     let sender = sender_in(new_domain());
 
-    let quotas = limiter(&pool, &clock, NODE, ROOMY_DOMAIN);
+    let quotas = limiter(&pool, &clock, node_quota(), roomy_domain());
     let error = quotas.spend_bytes(sender, 100).await.unwrap_err();
     assert!(matches!(error, QuotaError::Unavailable(_)), "{error:?}");
 
-    let error = service(&pool, &clock, NODE, ROOMY_DOMAIN).accept(sender, &[0; 100]).await.unwrap_err();
+    let error =
+        service(&pool, &clock, node_quota(), roomy_domain()).accept(sender, &[0; 100]).await.unwrap_err();
     assert!(matches!(error, IngestError::Unavailable(_)), "{error:?}");
 
     let error = PgBatchRepository::new(pool.clone())
@@ -265,22 +284,14 @@ async fn a_limiter_that_cannot_reach_its_store_is_unavailable_never_a_refusal() 
         .await
         .unwrap_err();
     assert_eq!(error.to_string(), "batch store could not answer");
-
-    // A misconfigured budget means the quota was not evaluated: an outage, not a refusal.
-    let broken = Budget { per_second: 250.0, burst: 0.0 };
-    let error = limiter(&pool, &clock, broken, ROOMY_DOMAIN).spend_bytes(sender, 100).await.unwrap_err();
-    assert!(matches!(error, QuotaError::Unavailable(_)), "{error:?}");
 }
 
 #[tokio::test]
-async fn a_batch_above_the_node_burst_is_refused_without_a_query_for_an_hour() {
-    // Such a batch can never fit, so it is refused before any query (here, one that could
-    // not be sent) and told to wait the bounded hour rather than a time that would not help.
+async fn a_batch_above_the_node_burst_is_larger_than_the_quota_without_a_query() {
+    // Such a batch can never fit, so it is answered before any query (here, one that could
+    // not be sent) as never admissible, not as a refusal with a wait that would not help.
     let clock = ManualClock::new(instant());
-    let quotas = limiter(&unreachable_pool(), &clock, NODE, ROOMY_DOMAIN);
+    let quotas = limiter(&unreachable_pool(), &clock, node_quota(), roomy_domain());
     let error = quotas.spend_bytes(sender_in(new_domain()), 1001).await.unwrap_err();
-    assert!(
-        matches!(error, QuotaError::NodeQuotaExceeded { retry_after } if retry_after == Duration::from_secs(3600)),
-        "{error:?}"
-    );
+    assert!(matches!(error, QuotaError::LargerThanQuota { quota: Quota::Node, burst: 1000 }), "{error:?}");
 }

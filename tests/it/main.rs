@@ -1,7 +1,7 @@
 //! Integration tests against a real PostgreSQL: one binary, a module per feature.
 //!
 //! Each database test runs on a fresh database of its own (`#[sqlx::test]`, or
-//! `helpers::FreshDatabase` where a test needs a runtime of its own), created from
+//! `support::helpers::FreshDatabase` where a test needs a runtime of its own), created from
 //! `DATABASE_URL` and migrated with `app::MIGRATOR`.
 
 mod access_adapters;
@@ -9,9 +9,7 @@ mod app_api;
 mod app_outage;
 mod app_replicas;
 mod architecture;
-mod helpers;
 mod ingest_adapters;
-mod proxy;
 mod ratebudget_store;
-mod replicas;
 mod secrets_adapters;
+mod support;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use ratebudget::{Budget, Clock, ManualClock, Store};
+use ratebudget::{Clock, Limit, ManualClock, Store};
 use secrets::{
     DomainId, Limiter, NodeId, PgSecretRepository, RateBudgetReadLimiter, ReadError, ReadLimitError, Reader,
     SecretName, SecretRepository, SecretValue, SecretsService,
@@ -14,7 +14,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use tokio::sync::Barrier;
 
-use crate::helpers::{instant, unreachable_pool};
+use crate::support::helpers::{instant, unreachable_pool};
 
 fn domain() -> DomainId {
     uuid::Uuid::new_v4().into()
@@ -32,12 +32,12 @@ fn value(text: &str) -> SecretValue {
     SecretValue::new(text).unwrap()
 }
 
-fn budget(per_second: f64, burst: f64) -> Budget {
-    Budget { per_second, burst }
+fn budget(per_second: f64, burst: f64) -> Limit {
+    Limit::new(per_second, burst).unwrap()
 }
 
-fn limiter(pool: &PgPool, clock: &ManualClock, node: Budget, domain: Budget) -> RateBudgetReadLimiter {
-    RateBudgetReadLimiter::new(Store::new(pool.clone()), Arc::new(clock.clone()), node, domain)
+fn limiter(pool: &PgPool, clock: &ManualClock, node: Limit, domain: Limit) -> RateBudgetReadLimiter {
+    RateBudgetReadLimiter::new(Arc::new(Store::new(pool.clone())), Arc::new(clock.clone()), node, domain)
 }
 
 /// The stored (tokens, refilled_at) of one read bucket, or None when it has no row.
@@ -288,10 +288,11 @@ async fn a_limiter_that_cannot_reach_its_store_is_unavailable_never_a_refusal() 
 }
 
 #[tokio::test]
-async fn a_misconfigured_limiter_is_unavailable_never_a_refusal() {
-    // Validation fails before any query, so no database is needed to see it.
+async fn a_limiter_whose_burst_is_below_one_read_is_unavailable_never_a_refusal() {
+    // No bucket of such a budget could ever cover a read: misconfiguration, not a cap. It is
+    // decided before any query, so no database is needed to see it.
     let clock = ManualClock::new(instant());
-    let unusable = budget(1.0, 0.0);
+    let unusable = budget(1.0, 0.5);
     for (node_budget, domain_budget) in [(unusable, budget(1.0, 5.0)), (budget(1.0, 5.0), unusable)] {
         let limiter = limiter(&unreachable_pool(), &clock, node_budget, domain_budget);
         let error = limiter.spend_read(reader_in(domain())).await.unwrap_err();

@@ -27,7 +27,7 @@ mod service;
 pub use error::{AuthError, BoxError, CreateDomainError, EnrolError, IssuanceLimitError, RepositoryError};
 pub use model::{
     AuthenticatedNode, Domain, DomainId, DomainName, Enrolment, InvalidInput, IssuancePolicy, NewDomain,
-    Node, NodeId, NodeName, NodeToken, TokenHash, MAX_REFILL_SECONDS,
+    Node, NodeId, NodeName, NodeToken, TokenHash,
 };
 pub use persistence::{PgAccessRepository, RateBudgetIssuanceLimiter};
 pub use ports::{AccessRepository, Limiter};

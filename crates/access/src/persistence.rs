@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
-use ratebudget::{Budget, Clock, Key, Scope, Store};
+use ratebudget::{Clock, Decider, Decision, Key, Limit, Scope, Spend, Take};
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::{
-    AccessRepository, AuthenticatedNode, Domain, DomainId, DomainName, IssuanceLimitError, IssuancePolicy,
-    Limiter, Node, RepositoryError, TokenHash,
+    AccessRepository, AuthenticatedNode, BoxError, Domain, DomainId, DomainName, IssuanceLimitError,
+    IssuancePolicy, Limiter, Node, RepositoryError, TokenHash,
 };
 
 /// What one issuance costs, in tokens of its Domain's bucket.
@@ -115,16 +115,20 @@ impl AccessRepository for PgAccessRepository {
 /// [`Scope::AccessIssuanceDomain`], one token per issuance.
 #[derive(Clone, Debug)]
 pub struct RateBudgetIssuanceLimiter {
-    store: Store,
+    decider: Arc<dyn Decider>,
     clock: Arc<dyn Clock>,
-    default_budget: Budget,
+    default_limit: Limit,
 }
 
 impl RateBudgetIssuanceLimiter {
-    /// A limiter on `store`, deciding at `clock`'s now, sizing the buckets of Domains without
-    /// a policy of their own with `default_budget`.
-    pub fn new(store: Store, clock: Arc<dyn Clock>, default_budget: Budget) -> RateBudgetIssuanceLimiter {
-        RateBudgetIssuanceLimiter { store, clock, default_budget }
+    /// A limiter deciding through `decider` at `clock`'s now, sizing the buckets of Domains
+    /// without a policy of their own with `default_limit`.
+    pub fn new(
+        decider: Arc<dyn Decider>,
+        clock: Arc<dyn Clock>,
+        default_limit: Limit,
+    ) -> RateBudgetIssuanceLimiter {
+        RateBudgetIssuanceLimiter { decider, clock, default_limit }
     }
 }
 
@@ -135,25 +139,34 @@ impl Limiter for RateBudgetIssuanceLimiter {
         domain: DomainId,
         policy: Option<IssuancePolicy>,
     ) -> Result<(), IssuanceLimitError> {
-        let budget = policy
-            .map(|policy| Budget { per_second: policy.per_second(), burst: policy.burst() })
-            .unwrap_or(self.default_budget);
-        let granted = self
-            .store
-            .take(
-                Scope::AccessIssuanceDomain,
-                Key::from(domain.as_uuid()),
-                ISSUANCE_COST,
-                budget,
-                self.clock.now(),
-            )
+        // Every failure below is "could not answer": a policy the store's rules refuse (the
+        // table's CHECK keeps one from being stored), a zero id, or the store itself. None of
+        // them may tell a caller it hit a cap.
+        let unavailable = |error: BoxError| IssuanceLimitError::Unavailable(error);
+        let limit = match policy {
+            Some(policy) => {
+                Limit::new(policy.per_second(), policy.burst()).map_err(|e| unavailable(e.into()))?
+            }
+            None => self.default_limit,
+        };
+        let spend = Spend {
+            scope: Scope::AccessIssuanceDomain,
+            key: Key::from(domain.as_uuid()),
+            cost: ISSUANCE_COST,
+            limit,
+        };
+        match self
+            .decider
+            .decide(Take::Single(spend), self.clock.now())
             .await
-            // Every store error is "could not answer", validation errors included: an unusable
-            // budget is misconfiguration, and must not tell callers they hit a cap.
-            .map_err(|error| IssuanceLimitError::Unavailable(Box::new(error)))?;
-        if granted {
-            return Ok(());
+            .map_err(|e| unavailable(e.into()))?
+        {
+            Decision::Granted(_) => Ok(()),
+            Decision::Refused(refusal) => {
+                Err(IssuanceLimitError::RateLimited { retry_after: refusal.retry_after })
+            }
+            // An issuance costs one and every policy's burst is at least one.
+            Decision::InsufficientCapacity(never) => Err(unavailable(never.into())),
         }
-        Err(IssuanceLimitError::RateLimited { retry_after: budget.retry_after(ISSUANCE_COST) })
     }
 }

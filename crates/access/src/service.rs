@@ -52,7 +52,7 @@ impl AccessService {
     /// - [`EnrolError::UnknownDomain`] when no Domain has this id; nothing is spent.
     /// - [`EnrolError::IssuanceRateLimited`] when the Domain's issuance budget refuses.
     /// - [`EnrolError::Unavailable`] when the store or the limiter could not answer.
-    pub async fn enroll_node(&self, domain_id: DomainId, name: NodeName) -> Result<Enrolment, EnrolError> {
+    pub async fn enrol_node(&self, domain_id: DomainId, name: NodeName) -> Result<Enrolment, EnrolError> {
         // The Domain is looked up first, both to size the budget from its own policy and so
         // that a caller naming Domains that do not exist cannot mint buckets for them.
         let domain =

@@ -68,15 +68,23 @@ pub async fn show_budgets(
     Ok(())
 }
 
-/// The database `DATABASE_URL` names, for the commands that need nothing else.
-///
-/// # Errors
-/// When it is not set or not a PostgreSQL URL.
-pub fn database_from_env() -> anyhow::Result<PgConnectOptions> {
-    let url = std::env::var(config::DATABASE_URL)
-        .with_context(|| format!("{} is required and not set", config::DATABASE_URL))?;
-    PgConnectOptions::from_str(&url)
-        .with_context(|| format!("{} is not a PostgreSQL URL", config::DATABASE_URL))
+/// The one knob the commands other than `serve` need.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Database {
+    /// The PostgreSQL database every replica shares.
+    #[arg(long = "database-url", env = config::DATABASE_URL, hide_env_values = true)]
+    url: String,
+}
+
+impl Database {
+    /// The connect options the URL names.
+    ///
+    /// # Errors
+    /// When it is not a PostgreSQL URL.
+    pub fn options(&self) -> anyhow::Result<PgConnectOptions> {
+        PgConnectOptions::from_str(&self.url)
+            .with_context(|| format!("{} is not a PostgreSQL URL", config::DATABASE_URL))
+    }
 }
 
 async fn connect(database: PgConnectOptions) -> anyhow::Result<PgPool> {

@@ -1,14 +1,16 @@
-//! The knobs: environment variables read once at boot into a typed [`Config`].
+//! The knobs: environment variables read once at boot.
 //!
-//! Nothing below the composition root reads the environment; every value is passed down
-//! explicitly. `.env.example` documents each knob with its default.
+//! Two steps, as ripgrep separates low-level from high-level arguments: [`Knobs`] is what clap
+//! parses (names, defaults and help text in one place, so `plexsphere serve --help` lists every
+//! knob), and [`Config::from_knobs`] validates it into the typed [`Config`] the rest of the
+//! process is built from. Nothing below the composition root reads the environment.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::str::FromStr;
 use std::time::Duration;
 
-use ratebudget::Budget;
+use clap::{Args, FromArgMatches};
+use ratebudget::Limit;
 use sqlx::postgres::PgConnectOptions;
 
 /// `DATABASE_URL`: the PostgreSQL database every replica shares.
@@ -25,64 +27,148 @@ pub const DATABASE_TIMEOUT_MS: &str = "PLEXSPHERE_DATABASE_TIMEOUT_MS";
 pub const DATABASE_MAX_CONNECTIONS: &str = "PLEXSPHERE_DATABASE_MAX_CONNECTIONS";
 /// `PLEXSPHERE_INGEST_MAX_BATCH_BYTES`: the largest telemetry batch accepted (413 above it).
 pub const INGEST_MAX_BATCH_BYTES: &str = "PLEXSPHERE_INGEST_MAX_BATCH_BYTES";
+/// `PLEXSPHERE_SECRET_READ_NODE_PER_SECOND`.
+pub const SECRET_READ_NODE_PER_SECOND: &str = "PLEXSPHERE_SECRET_READ_NODE_PER_SECOND";
+/// `PLEXSPHERE_SECRET_READ_NODE_BURST`.
+pub const SECRET_READ_NODE_BURST: &str = "PLEXSPHERE_SECRET_READ_NODE_BURST";
+/// `PLEXSPHERE_SECRET_READ_DOMAIN_PER_SECOND`.
+pub const SECRET_READ_DOMAIN_PER_SECOND: &str = "PLEXSPHERE_SECRET_READ_DOMAIN_PER_SECOND";
+/// `PLEXSPHERE_SECRET_READ_DOMAIN_BURST`.
+pub const SECRET_READ_DOMAIN_BURST: &str = "PLEXSPHERE_SECRET_READ_DOMAIN_BURST";
+/// `PLEXSPHERE_ACCESS_ISSUANCE_PER_SECOND`.
+pub const ACCESS_ISSUANCE_PER_SECOND: &str = "PLEXSPHERE_ACCESS_ISSUANCE_PER_SECOND";
+/// `PLEXSPHERE_ACCESS_ISSUANCE_BURST`.
+pub const ACCESS_ISSUANCE_BURST: &str = "PLEXSPHERE_ACCESS_ISSUANCE_BURST";
+/// `PLEXSPHERE_INGEST_NODE_BYTES_PER_SECOND`.
+pub const INGEST_NODE_BYTES_PER_SECOND: &str = "PLEXSPHERE_INGEST_NODE_BYTES_PER_SECOND";
+/// `PLEXSPHERE_INGEST_NODE_BYTES_BURST`.
+pub const INGEST_NODE_BYTES_BURST: &str = "PLEXSPHERE_INGEST_NODE_BYTES_BURST";
+/// `PLEXSPHERE_INGEST_DOMAIN_BYTES_PER_SECOND`.
+pub const INGEST_DOMAIN_BYTES_PER_SECOND: &str = "PLEXSPHERE_INGEST_DOMAIN_BYTES_PER_SECOND";
+/// `PLEXSPHERE_INGEST_DOMAIN_BYTES_BURST`.
+pub const INGEST_DOMAIN_BYTES_BURST: &str = "PLEXSPHERE_INGEST_DOMAIN_BYTES_BURST";
 
-/// The rate and burst knobs of each scope, and their defaults.
+/// Every knob of `plexsphere serve`, as parsed: each is an environment variable (or the flag
+/// of the same name, for a one-off run). This is the one place knobs are named, defaulted and
+/// described; validation is [`Config::from_knobs`].
 ///
-/// The defaults refill an empty bucket to full in 2 s (secret reads), 5 s (issuance) and 4 s
-/// (ingest). That is what makes the sweep's one-hour retention safe: a bucket idle for an
-/// hour is a full bucket, and deleting it is what the next take would mint.
-pub const BUDGET_KNOBS: [BudgetKnob; 5] = [
-    BudgetKnob {
-        per_second: "PLEXSPHERE_SECRET_READ_NODE_PER_SECOND",
-        burst: "PLEXSPHERE_SECRET_READ_NODE_BURST",
-        default: Budget { per_second: 10.0, burst: 20.0 },
-    },
-    BudgetKnob {
-        per_second: "PLEXSPHERE_SECRET_READ_DOMAIN_PER_SECOND",
-        burst: "PLEXSPHERE_SECRET_READ_DOMAIN_BURST",
-        default: Budget { per_second: 100.0, burst: 200.0 },
-    },
-    BudgetKnob {
-        per_second: "PLEXSPHERE_ACCESS_ISSUANCE_PER_SECOND",
-        burst: "PLEXSPHERE_ACCESS_ISSUANCE_BURST",
-        default: Budget { per_second: 2.0, burst: 10.0 },
-    },
-    BudgetKnob {
-        per_second: "PLEXSPHERE_INGEST_NODE_BYTES_PER_SECOND",
-        burst: "PLEXSPHERE_INGEST_NODE_BYTES_BURST",
-        default: Budget { per_second: 262_144.0, burst: 1_048_576.0 },
-    },
-    BudgetKnob {
-        per_second: "PLEXSPHERE_INGEST_DOMAIN_BYTES_PER_SECOND",
-        burst: "PLEXSPHERE_INGEST_DOMAIN_BYTES_BURST",
-        default: Budget { per_second: 2_097_152.0, burst: 8_388_608.0 },
-    },
-];
-
-/// The two variables that size one scope's default budget.
-#[derive(Clone, Copy, Debug)]
-pub struct BudgetKnob {
-    /// The rate variable.
-    pub per_second: &'static str,
-    /// The burst variable.
-    pub burst: &'static str,
-    /// The budget when neither is set.
-    pub default: Budget,
+/// The budget defaults refill an empty bucket to full in 2 s (secret reads), 5 s (issuance)
+/// and 4 s (ingest). Every budget must refill within an hour, because the idle sweep deletes
+/// a bucket idle for an hour as if it were full.
+#[derive(Args, Clone)]
+#[command(next_help_heading = "Knobs (environment variables)")]
+pub struct Knobs {
+    /// The PostgreSQL database every replica shares.
+    #[arg(long, env = DATABASE_URL, hide_env_values = true)]
+    pub database_url: String,
+    /// Bearer token of the operator routes: at least 16 characters (`openssl rand -hex 32`).
+    #[arg(long, env = OPERATOR_TOKEN, hide_env_values = true)]
+    pub operator_token: String,
+    /// The address the HTTP API listens on.
+    #[arg(long, env = LISTEN, default_value = "127.0.0.1:8080")]
+    pub listen: String,
+    /// A Node's secret reads a second, sustained.
+    #[arg(long, env = SECRET_READ_NODE_PER_SECOND, default_value_t = 10.0)]
+    pub secret_read_node_per_second: f64,
+    /// A Node's secret reads back to back (at least 1).
+    #[arg(long, env = SECRET_READ_NODE_BURST, default_value_t = 20.0)]
+    pub secret_read_node_burst: f64,
+    /// All secret reads of a Domain a second, sustained.
+    #[arg(long, env = SECRET_READ_DOMAIN_PER_SECOND, default_value_t = 100.0)]
+    pub secret_read_domain_per_second: f64,
+    /// All secret reads of a Domain back to back (at least 1).
+    #[arg(long, env = SECRET_READ_DOMAIN_BURST, default_value_t = 200.0)]
+    pub secret_read_domain_burst: f64,
+    /// Node enrolments per Domain a second, unless the Domain has its own policy.
+    #[arg(long, env = ACCESS_ISSUANCE_PER_SECOND, default_value_t = 2.0)]
+    pub access_issuance_per_second: f64,
+    /// Node enrolments per Domain back to back (at least 1), unless the Domain has its own.
+    #[arg(long, env = ACCESS_ISSUANCE_BURST, default_value_t = 10.0)]
+    pub access_issuance_burst: f64,
+    /// A Node's telemetry bytes a second, sustained.
+    #[arg(long, env = INGEST_NODE_BYTES_PER_SECOND, default_value_t = 262_144.0)]
+    pub ingest_node_bytes_per_second: f64,
+    /// A Node's telemetry bytes back to back (at least the largest batch).
+    #[arg(long, env = INGEST_NODE_BYTES_BURST, default_value_t = 1_048_576.0)]
+    pub ingest_node_bytes_burst: f64,
+    /// All telemetry bytes of a Domain a second, sustained.
+    #[arg(long, env = INGEST_DOMAIN_BYTES_PER_SECOND, default_value_t = 2_097_152.0)]
+    pub ingest_domain_bytes_per_second: f64,
+    /// All telemetry bytes of a Domain back to back (at least the largest batch).
+    #[arg(long, env = INGEST_DOMAIN_BYTES_BURST, default_value_t = 8_388_608.0)]
+    pub ingest_domain_bytes_burst: f64,
+    /// The largest telemetry batch accepted, in bytes (413 above it).
+    #[arg(long, env = INGEST_MAX_BATCH_BYTES, default_value_t = 1_048_576)]
+    pub ingest_max_batch_bytes: usize,
+    /// How often the leader deletes buckets idle for over an hour (it also sweeps when it
+    /// becomes leader).
+    #[arg(long, env = SWEEP_INTERVAL_SECS, default_value_t = 3600)]
+    pub sweep_interval_secs: u64,
+    /// The database time a request may spend in all before it answers 500 (50 to 60000).
+    #[arg(long, env = DATABASE_TIMEOUT_MS, default_value_t = 3000)]
+    pub database_timeout_ms: u64,
+    /// The size of each of a replica's connection sets (the request pool and the limiters'
+    /// take connections).
+    #[arg(long, env = DATABASE_MAX_CONNECTIONS, default_value_t = 16)]
+    pub database_max_connections: u32,
 }
 
-/// The process-wide default budget of each scope.
+impl Knobs {
+    /// Parses knobs from `(variable, value)` pairs as if they were the whole environment:
+    /// the process's own environment is not read, and a later pair for a variable replaces an
+    /// earlier one. For tests and tools that hold knobs as data.
+    ///
+    /// # Errors
+    /// The parse error clap reports (a missing required knob, a value that does not parse).
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<Knobs, clap::Error> {
+        let command = Knobs::augment_args(clap::Command::new("plexsphere"));
+        let mut set: Vec<(&str, &str)> = Vec::new();
+        for (variable, value) in pairs {
+            match set.iter_mut().find(|(known, _)| *known == variable) {
+                Some(pair) => pair.1 = value,
+                None => set.push((variable, value)),
+            }
+        }
+        let mut args = vec!["plexsphere".to_owned()];
+        for (variable, value) in set {
+            let long = command
+                .get_arguments()
+                .find(|arg| arg.get_env().is_some_and(|env| env == variable))
+                .and_then(|arg| arg.get_long())
+                .ok_or_else(|| {
+                    clap::Error::raw(
+                        clap::error::ErrorKind::UnknownArgument,
+                        format!("unknown knob {variable}\n"),
+                    )
+                })?;
+            args.push(format!("--{long}={value}"));
+        }
+        let matches = command.mut_args(|arg| arg.env(None)).try_get_matches_from(args)?;
+        Knobs::from_arg_matches(&matches)
+    }
+
+    /// Every knob's variable name, in the order `--help` lists them.
+    pub fn names() -> Vec<String> {
+        Knobs::augment_args(clap::Command::new("plexsphere"))
+            .get_arguments()
+            .filter_map(|arg| arg.get_env().map(|env| env.to_string_lossy().into_owned()))
+            .collect()
+    }
+}
+
+/// The default budget of each scope, validated.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Budgets {
+pub struct Limits {
     /// `secret_read_node`, in reads.
-    pub secret_read_node: Budget,
+    pub secret_read_node: Limit,
     /// `secret_read_domain`, in reads.
-    pub secret_read_domain: Budget,
+    pub secret_read_domain: Limit,
     /// `access_issuance_domain`, in enrolments; a Domain's own policy overrides it.
-    pub access_issuance: Budget,
+    pub access_issuance: Limit,
     /// `ingest_node`, in bytes.
-    pub ingest_node: Budget,
+    pub ingest_node: Limit,
     /// `ingest_domain`, in bytes.
-    pub ingest_domain: Budget,
+    pub ingest_domain: Limit,
 }
 
 /// Everything the process reads from its environment, validated.
@@ -97,7 +183,7 @@ pub struct Config {
     /// The operator routes' bearer token.
     pub operator_token: String,
     /// The default budgets.
-    pub budgets: Budgets,
+    pub limits: Limits,
     /// How often the leader sweeps idle buckets.
     pub sweep_interval: Duration,
     /// The longest any request waits for the database before it answers 500.
@@ -116,7 +202,7 @@ impl std::fmt::Debug for Config {
             .field("database_name", &self.database.get_database())
             .field("listen", &self.listen)
             .field("operator_token", &"<redacted>")
-            .field("budgets", &self.budgets)
+            .field("limits", &self.limits)
             .field("sweep_interval", &self.sweep_interval)
             .field("database_timeout", &self.database_timeout)
             .field("database_max_connections", &self.database_max_connections)
@@ -125,7 +211,7 @@ impl std::fmt::Debug for Config {
     }
 }
 
-/// A knob that is missing or unusable; `serve` prints it and refuses to start.
+/// A knob that is unusable; `serve` prints it and refuses to start.
 #[derive(Debug, thiserror::Error)]
 #[error("{knob}: {problem}")]
 pub struct ConfigError {
@@ -135,252 +221,116 @@ pub struct ConfigError {
     pub problem: String,
 }
 
-impl Config {
-    /// Reads and validates every knob from the process environment.
-    ///
-    /// # Errors
-    /// The first knob that is missing or invalid.
-    pub fn from_env() -> Result<Config, ConfigError> {
-        Config::from_vars(&std::env::vars().collect())
+impl ConfigError {
+    fn new(knob: &'static str, problem: impl Into<String>) -> ConfigError {
+        ConfigError { knob, problem: problem.into() }
     }
+}
 
-    /// Reads and validates every knob from `vars`, as [`Config::from_env`] does.
+impl Config {
+    /// Validates parsed knobs, deriving the typed configuration.
     ///
     /// # Errors
-    /// The first knob that is missing or invalid.
-    pub fn from_vars(vars: &HashMap<String, String>) -> Result<Config, ConfigError> {
-        let get = |knob: &'static str| vars.get(knob).map(|value| value.trim()).filter(|v| !v.is_empty());
-
-        let database_url = get(DATABASE_URL).ok_or_else(|| missing(DATABASE_URL))?;
-        if !(database_url.starts_with("postgres://") || database_url.starts_with("postgresql://")) {
-            return Err(ConfigError {
-                knob: DATABASE_URL,
-                problem: "must be a postgres:// or postgresql:// URL".into(),
-            });
+    /// The first knob that is unusable, by name.
+    pub fn from_knobs(knobs: &Knobs) -> Result<Config, ConfigError> {
+        let url = knobs.database_url.trim();
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(ConfigError::new(DATABASE_URL, "must be a postgres:// or postgresql:// URL"));
         }
-        let database = PgConnectOptions::from_str(database_url).map_err(|error| ConfigError {
-            knob: DATABASE_URL,
-            problem: format!("not a PostgreSQL URL: {error}"),
-        })?;
+        let database = PgConnectOptions::from_str(url)
+            .map_err(|error| ConfigError::new(DATABASE_URL, format!("not a PostgreSQL URL: {error}")))?;
 
-        let operator_token = get(OPERATOR_TOKEN).ok_or_else(|| missing(OPERATOR_TOKEN))?.to_owned();
+        let operator_token = knobs.operator_token.trim().to_owned();
         if operator_token.len() < 16 {
-            return Err(ConfigError {
-                knob: OPERATOR_TOKEN,
-                problem: "must be at least 16 characters; generate one with `openssl rand -hex 32`".into(),
-            });
+            return Err(ConfigError::new(
+                OPERATOR_TOKEN,
+                "must be at least 16 characters; generate one with `openssl rand -hex 32`",
+            ));
         }
 
-        let budget = |knob: &BudgetKnob| -> Result<Budget, ConfigError> {
-            let per_second = parse_or(get(knob.per_second), knob.per_second, knob.default.per_second)?;
-            let burst = parse_or(get(knob.burst), knob.burst, knob.default.burst)?;
-            if !(per_second.is_finite() && per_second > 0.0) {
-                return Err(ConfigError {
-                    knob: knob.per_second,
-                    problem: "must be a number above 0".into(),
-                });
-            }
-            if !(burst.is_finite() && burst >= 1.0) {
-                return Err(ConfigError {
-                    knob: knob.burst,
-                    problem: "must be a number of at least 1".into(),
-                });
-            }
-            // The idle sweep deletes buckets idle for an hour because such a bucket is full;
-            // a budget that takes longer to refill would be handed out early by the sweep.
-            if burst / per_second > crate::sweep::RETENTION.num_seconds() as f64 {
-                return Err(ConfigError {
-                    knob: knob.burst,
-                    problem: format!(
-                        "{burst} at {per_second} a second takes over an hour to refill, and the idle sweep deletes buckets after an hour as if full; raise {} or lower the burst",
-                        knob.per_second
-                    ),
-                });
-            }
-            Ok(Budget { per_second, burst })
+        let listen = knobs
+            .listen
+            .trim()
+            .parse()
+            .map_err(|error| ConfigError::new(LISTEN, format!("not an address and port: {error}")))?;
+
+        // A secret read and an enrolment cost one token each: a smaller burst could never
+        // admit one.
+        let limits = Limits {
+            secret_read_node: limit(
+                (SECRET_READ_NODE_PER_SECOND, knobs.secret_read_node_per_second),
+                (SECRET_READ_NODE_BURST, knobs.secret_read_node_burst),
+                1.0,
+            )?,
+            secret_read_domain: limit(
+                (SECRET_READ_DOMAIN_PER_SECOND, knobs.secret_read_domain_per_second),
+                (SECRET_READ_DOMAIN_BURST, knobs.secret_read_domain_burst),
+                1.0,
+            )?,
+            access_issuance: limit(
+                (ACCESS_ISSUANCE_PER_SECOND, knobs.access_issuance_per_second),
+                (ACCESS_ISSUANCE_BURST, knobs.access_issuance_burst),
+                1.0,
+            )?,
+            // A batch larger than a quota's burst could never be admitted: it must be a 413
+            // before it is ever offered to the quota.
+            ingest_node: limit(
+                (INGEST_NODE_BYTES_PER_SECOND, knobs.ingest_node_bytes_per_second),
+                (INGEST_NODE_BYTES_BURST, knobs.ingest_node_bytes_burst),
+                knobs.ingest_max_batch_bytes as f64,
+            )?,
+            ingest_domain: limit(
+                (INGEST_DOMAIN_BYTES_PER_SECOND, knobs.ingest_domain_bytes_per_second),
+                (INGEST_DOMAIN_BYTES_BURST, knobs.ingest_domain_bytes_burst),
+                knobs.ingest_max_batch_bytes as f64,
+            )?,
         };
-        let [secret_read_node, secret_read_domain, access_issuance, ingest_node, ingest_domain] =
-            BUDGET_KNOBS;
-        let budgets = Budgets {
-            secret_read_node: budget(&secret_read_node)?,
-            secret_read_domain: budget(&secret_read_domain)?,
-            access_issuance: budget(&access_issuance)?,
-            ingest_node: budget(&ingest_node)?,
-            ingest_domain: budget(&ingest_domain)?,
-        };
 
-        let ingest_max_batch_bytes: usize =
-            parse_or(get(INGEST_MAX_BATCH_BYTES), INGEST_MAX_BATCH_BYTES, 1_048_576)?;
-        if ingest_max_batch_bytes == 0 {
-            return Err(ConfigError { knob: INGEST_MAX_BATCH_BYTES, problem: "must be above 0".into() });
+        if knobs.ingest_max_batch_bytes == 0 {
+            return Err(ConfigError::new(INGEST_MAX_BATCH_BYTES, "must be above 0"));
         }
-        // A batch larger than a quota's burst could never be admitted: it would be refused
-        // forever with a Retry-After that lies. Such a batch must be a 413 instead.
-        for (knob, budget) in
-            [(ingest_node.burst, budgets.ingest_node), (ingest_domain.burst, budgets.ingest_domain)]
-        {
-            if (ingest_max_batch_bytes as f64) > budget.burst {
-                return Err(ConfigError {
-                    knob,
-                    problem: format!(
-                        "{} is below {INGEST_MAX_BATCH_BYTES} ({ingest_max_batch_bytes}): the largest batch could never be admitted",
-                        budget.burst
-                    ),
-                });
-            }
+        if knobs.sweep_interval_secs == 0 {
+            return Err(ConfigError::new(SWEEP_INTERVAL_SECS, "must be at least 1"));
         }
-
-        let listen = parse_or(get(LISTEN), LISTEN, SocketAddr::from(([127, 0, 0, 1], 8080)))?;
-        let sweep_secs: u64 = parse_or(get(SWEEP_INTERVAL_SECS), SWEEP_INTERVAL_SECS, 3600)?;
-        if sweep_secs == 0 {
-            return Err(ConfigError { knob: SWEEP_INTERVAL_SECS, problem: "must be at least 1".into() });
+        if !(50..=60_000).contains(&knobs.database_timeout_ms) {
+            return Err(ConfigError::new(DATABASE_TIMEOUT_MS, "must be between 50 and 60000"));
         }
-        let timeout_ms: u64 = parse_or(get(DATABASE_TIMEOUT_MS), DATABASE_TIMEOUT_MS, 3000)?;
-        if !(50..=60_000).contains(&timeout_ms) {
-            return Err(ConfigError {
-                knob: DATABASE_TIMEOUT_MS,
-                problem: "must be between 50 and 60000".into(),
-            });
-        }
-        let database_max_connections: u32 =
-            parse_or(get(DATABASE_MAX_CONNECTIONS), DATABASE_MAX_CONNECTIONS, 16)?;
-        if database_max_connections == 0 {
-            return Err(ConfigError { knob: DATABASE_MAX_CONNECTIONS, problem: "must be at least 1".into() });
+        if knobs.database_max_connections == 0 {
+            return Err(ConfigError::new(DATABASE_MAX_CONNECTIONS, "must be at least 1"));
         }
 
         Ok(Config {
             database,
             listen,
             operator_token,
-            budgets,
-            sweep_interval: Duration::from_secs(sweep_secs),
-            database_timeout: Duration::from_millis(timeout_ms),
-            database_max_connections,
-            ingest_max_batch_bytes,
+            limits,
+            sweep_interval: Duration::from_secs(knobs.sweep_interval_secs),
+            database_timeout: Duration::from_millis(knobs.database_timeout_ms),
+            database_max_connections: knobs.database_max_connections,
+            ingest_max_batch_bytes: knobs.ingest_max_batch_bytes,
         })
     }
 }
 
-fn missing(knob: &'static str) -> ConfigError {
-    ConfigError { knob, problem: "is required and not set".into() }
-}
-
-fn parse_or<T: FromStr>(value: Option<&str>, knob: &'static str, default: T) -> Result<T, ConfigError>
-where
-    T::Err: std::fmt::Display,
-{
-    match value {
-        None => Ok(default),
-        Some(text) => text
-            .parse()
-            .map_err(|error| ConfigError { knob, problem: format!("cannot parse {text:?}: {error}") }),
+/// A scope's budget from its two knobs: a [`Limit`] (the rate-budget store's own rules, among
+/// them "refills within the idle sweep's hour"), whose burst must also cover `least_cost`.
+fn limit(
+    (rate_knob, per_second): (&'static str, f64),
+    (burst_knob, burst): (&'static str, f64),
+    least_cost: f64,
+) -> Result<Limit, ConfigError> {
+    let limit = Limit::new(per_second, burst).map_err(|invalid| {
+        let knob = if invalid.field == "per_second" { rate_knob } else { burst_knob };
+        ConfigError::new(knob, format!("{per_second}/s with a burst of {burst}: {invalid}"))
+    })?;
+    if burst < least_cost {
+        return Err(ConfigError::new(
+            burst_knob,
+            format!("{burst} is below {least_cost}, the cost of the largest request it must admit"),
+        ));
     }
+    Ok(limit)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        let mut vars: HashMap<String, String> = [
-            (DATABASE_URL, "postgres://postgres@127.0.0.1:5432/postgres"),
-            (OPERATOR_TOKEN, "0123456789abcdef0123"),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
-        for (k, v) in pairs {
-            vars.insert((*k).to_owned(), (*v).to_owned());
-        }
-        vars
-    }
-
-    #[track_caller]
-    fn rejects(pairs: &[(&str, &str)], knob: &str) {
-        let error = Config::from_vars(&vars(pairs)).unwrap_err();
-        assert_eq!(error.knob, knob, "{error}");
-    }
-
-    #[test]
-    fn defaults_refill_to_full_in_the_documented_seconds() {
-        let config = Config::from_vars(&vars(&[])).unwrap();
-        let seconds = |b: Budget| b.burst / b.per_second;
-        assert_eq!(seconds(config.budgets.secret_read_node), 2.0);
-        assert_eq!(seconds(config.budgets.secret_read_domain), 2.0);
-        assert_eq!(seconds(config.budgets.access_issuance), 5.0);
-        assert_eq!(seconds(config.budgets.ingest_node), 4.0);
-        assert_eq!(seconds(config.budgets.ingest_domain), 4.0);
-        assert_eq!(config.listen, "127.0.0.1:8080".parse().unwrap());
-        assert_eq!(config.sweep_interval, Duration::from_secs(3600));
-    }
-
-    #[test]
-    fn knobs_override_the_defaults() {
-        let config = Config::from_vars(&vars(&[
-            ("PLEXSPHERE_SECRET_READ_NODE_PER_SECOND", "2.5"),
-            ("PLEXSPHERE_SECRET_READ_NODE_BURST", "5"),
-            (SWEEP_INTERVAL_SECS, "60"),
-            (LISTEN, "0.0.0.0:9000"),
-        ]))
-        .unwrap();
-        assert_eq!(config.budgets.secret_read_node, Budget { per_second: 2.5, burst: 5.0 });
-        assert_eq!(config.sweep_interval, Duration::from_secs(60));
-        assert_eq!(config.listen, "0.0.0.0:9000".parse().unwrap());
-    }
-
-    #[test]
-    fn invalid_knobs_are_named() {
-        rejects(&[(OPERATOR_TOKEN, "")], OPERATOR_TOKEN);
-        rejects(&[(OPERATOR_TOKEN, "short")], OPERATOR_TOKEN);
-        rejects(&[(DATABASE_URL, "mysql://x")], DATABASE_URL);
-        rejects(&[("PLEXSPHERE_ACCESS_ISSUANCE_PER_SECOND", "0")], "PLEXSPHERE_ACCESS_ISSUANCE_PER_SECOND");
-        rejects(&[("PLEXSPHERE_ACCESS_ISSUANCE_PER_SECOND", "NaN")], "PLEXSPHERE_ACCESS_ISSUANCE_PER_SECOND");
-        rejects(&[("PLEXSPHERE_SECRET_READ_DOMAIN_BURST", "0.5")], "PLEXSPHERE_SECRET_READ_DOMAIN_BURST");
-        rejects(&[("PLEXSPHERE_SECRET_READ_DOMAIN_BURST", "lots")], "PLEXSPHERE_SECRET_READ_DOMAIN_BURST");
-        rejects(&[(SWEEP_INTERVAL_SECS, "0")], SWEEP_INTERVAL_SECS);
-        rejects(&[(LISTEN, "localhost")], LISTEN);
-        rejects(&[(DATABASE_TIMEOUT_MS, "0")], DATABASE_TIMEOUT_MS);
-        rejects(&[("PLEXSPHERE_INGEST_NODE_BYTES_BURST", "1000")], "PLEXSPHERE_INGEST_NODE_BYTES_BURST");
-        // 20 reads at one every ten minutes: over an hour to refill.
-        rejects(&[("PLEXSPHERE_SECRET_READ_NODE_PER_SECOND", "0.0016")], "PLEXSPHERE_SECRET_READ_NODE_BURST");
-    }
-
-    #[test]
-    fn every_budget_must_refill_within_the_sweeps_retention_and_domain_policies_agree() {
-        let config = Config::from_vars(&vars(&[
-            ("PLEXSPHERE_ACCESS_ISSUANCE_PER_SECOND", "0.01"),
-            ("PLEXSPHERE_ACCESS_ISSUANCE_BURST", "36"),
-        ]))
-        .unwrap();
-        assert_eq!(config.budgets.access_issuance, Budget { per_second: 0.01, burst: 36.0 });
-        rejects(
-            &[
-                ("PLEXSPHERE_ACCESS_ISSUANCE_PER_SECOND", "0.01"),
-                ("PLEXSPHERE_ACCESS_ISSUANCE_BURST", "36.5"),
-            ],
-            "PLEXSPHERE_ACCESS_ISSUANCE_BURST",
-        );
-        // A Domain's own policy is checked by the access context against its own constant.
-        assert_eq!(access::MAX_REFILL_SECONDS, crate::sweep::RETENTION.num_seconds() as f64);
-    }
-
-    #[test]
-    fn debug_does_not_show_the_operator_token_or_the_database_password() {
-        let config = Config::from_vars(&vars(&[(
-            DATABASE_URL,
-            "postgres://app:pa55word@db.internal:5433/plexsphere",
-        )]))
-        .unwrap();
-        let shown = format!("{config:?}");
-        assert!(!shown.contains("0123456789abcdef0123"), "{shown}");
-        assert!(!shown.contains("pa55word"), "{shown}");
-        assert!(shown.contains("db.internal"), "{shown}");
-    }
-
-    #[test]
-    fn a_missing_database_url_is_named() {
-        let mut without = vars(&[]);
-        without.remove(DATABASE_URL);
-        assert_eq!(Config::from_vars(&without).unwrap_err().knob, DATABASE_URL);
-    }
-}
+mod tests;

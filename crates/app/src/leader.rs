@@ -27,6 +27,7 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection, PgConnection};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
@@ -107,82 +108,119 @@ struct Elector {
     tell: watch::Sender<bool>,
 }
 
+/// Where the elector stands; [`Elector::step`] is the whole state machine.
+enum State {
+    /// No session. Connect, retrying every `retry`; once connected, compete for the lock no
+    /// sooner than `compete_after`.
+    Disconnected { compete_after: Instant },
+    /// A session that does not hold the lock. Ask for it every `retry`, from `compete_after`
+    /// on.
+    Following { session: PgConnection, compete_after: Instant },
+    /// A session that holds the lock: this replica leads. Check the session every `ping`.
+    Leading { session: PgConnection },
+}
+
+/// What the elector does after a step: go on at once, or wait first.
+enum Next {
+    Now,
+    After(Duration),
+}
+
+/// Why a statement on the leader's session did not answer.
+#[derive(Debug, thiserror::Error)]
+enum SessionError {
+    #[error("the database failed")]
+    Database(#[from] sqlx::Error),
+    #[error("the database did not answer within {0:?}")]
+    TimedOut(Duration),
+}
+
 impl Elector {
     async fn run(self, shutdown: CancellationToken) {
-        let mut session: Option<PgConnection> = None;
-        let mut leading = false;
-        let mut last_failure_logged = false;
-        // A replica that just lost leadership sits out two polls before competing again, so a
-        // healthy follower takes over rather than a flaky leader winning the lock back at once.
-        let mut compete_after = tokio::time::Instant::now();
+        let mut state = State::Disconnected { compete_after: Instant::now() };
+        let mut outage_logged = false;
         loop {
-            let wait = if leading { self.timing.ping } else { self.timing.retry };
-            match session.as_mut() {
-                None => match self.bounded(PgConnection::connect_with(&self.database)).await {
-                    Ok(connection) => {
-                        session = Some(connection);
-                        last_failure_logged = false;
-                        continue;
+            let next;
+            (state, next) = self.step(state, &mut outage_logged).await;
+            if let Next::After(wait) = next {
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(wait) => {}
+                }
+            } else if shutdown.is_cancelled() {
+                break;
+            }
+        }
+        if let State::Leading { session } = state {
+            self.resign(session).await;
+        }
+    }
+
+    /// One transition of the state machine.
+    async fn step(&self, state: State, outage_logged: &mut bool) -> (State, Next) {
+        let retry = Next::After(self.timing.retry);
+        match state {
+            State::Disconnected { compete_after } => {
+                match self.bounded(PgConnection::connect_with(&self.database)).await {
+                    Ok(session) => {
+                        *outage_logged = false;
+                        (State::Following { session, compete_after }, Next::Now)
                     }
                     Err(error) => {
                         // One line per outage, not one per retry.
-                        if !last_failure_logged {
-                            tracing::warn!(error = %error, "leader elector cannot reach the database; retrying");
-                            last_failure_logged = true;
+                        if !*outage_logged {
+                            tracing::warn!(%error, "leader elector cannot reach the database; retrying");
+                            *outage_logged = true;
                         }
-                    }
-                },
-                Some(connection) if leading => {
-                    if let Err(error) = self.bounded(sqlx::query("SELECT 1").execute(&mut *connection)).await
-                    {
-                        tracing::warn!(error = %error, "lost leadership: the leader session stopped answering");
-                        leading = false;
-                        self.announce(false);
-                        session = None;
-                        compete_after = tokio::time::Instant::now() + 2 * self.timing.retry;
-                        continue;
-                    }
-                }
-                Some(_) if tokio::time::Instant::now() < compete_after => {}
-                Some(connection) => {
-                    let attempt = sqlx::query_scalar::<_, bool>("SELECT pg_try_advisory_lock($1)")
-                        .bind(LEADER_LOCK_KEY)
-                        .fetch_one(&mut *connection);
-                    match self.bounded(attempt).await {
-                        Ok(true) => {
-                            tracing::info!("became leader");
-                            leading = true;
-                            self.announce(true);
-                            continue;
-                        }
-                        Ok(false) => {}
-                        Err(error) => {
-                            tracing::warn!(error = %error, "leader election failed; reconnecting");
-                            session = None;
-                        }
+                        (State::Disconnected { compete_after }, retry)
                     }
                 }
             }
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                () = tokio::time::sleep(wait) => {}
+            State::Following { session, compete_after } if Instant::now() < compete_after => {
+                (State::Following { session, compete_after }, retry)
             }
-        }
-        if leading {
-            self.announce(false);
-            if let Some(mut connection) = session.take() {
-                let unlock = sqlx::query("SELECT pg_advisory_unlock($1)")
+            State::Following { mut session, compete_after } => {
+                let attempt = sqlx::query_scalar::<_, bool>("SELECT pg_try_advisory_lock($1)")
                     .bind(LEADER_LOCK_KEY)
-                    .execute(&mut connection);
-                match self.bounded(unlock).await {
-                    Ok(_) => tracing::info!("released leadership"),
+                    .fetch_one(&mut session);
+                match self.bounded(attempt).await {
+                    Ok(true) => {
+                        tracing::info!("became leader");
+                        self.announce(true);
+                        (State::Leading { session }, Next::Now)
+                    }
+                    Ok(false) => (State::Following { session, compete_after }, retry),
                     Err(error) => {
-                        tracing::warn!(error = %error, "could not release leadership; the session's end will")
+                        tracing::warn!(%error, "leader election failed; reconnecting");
+                        (State::Disconnected { compete_after }, retry)
                     }
                 }
-                let _ = self.bounded(connection.close()).await;
+            }
+            State::Leading { mut session } => {
+                match self.bounded(sqlx::query("SELECT 1").execute(&mut session)).await {
+                    Ok(_) => (State::Leading { session }, Next::After(self.timing.ping)),
+                    Err(error) => {
+                        tracing::warn!(%error, "lost leadership: the leader session stopped answering");
+                        self.announce(false);
+                        // Sit out two polls before competing again, so a healthy follower takes
+                        // over rather than a flaky leader winning the lock back at once.
+                        let compete_after = Instant::now() + 2 * self.timing.retry;
+                        (State::Disconnected { compete_after }, Next::Now)
+                    }
+                }
             }
         }
+    }
+
+    /// Gives the lock up on the way out, so a successor can lead at once.
+    async fn resign(&self, mut session: PgConnection) {
+        self.announce(false);
+        let unlock = sqlx::query("SELECT pg_advisory_unlock($1)").bind(LEADER_LOCK_KEY).execute(&mut session);
+        match self.bounded(unlock).await {
+            Ok(_) => tracing::info!("released leadership"),
+            Err(error) => tracing::warn!(%error, "could not release leadership; the session's end will"),
+        }
+        let _ = self.bounded(session.close()).await;
     }
 
     fn announce(&self, leading: bool) {
@@ -194,13 +232,10 @@ impl Elector {
     async fn bounded<T>(
         &self,
         call: impl std::future::Future<Output = Result<T, sqlx::Error>>,
-    ) -> Result<T, sqlx::Error> {
+    ) -> Result<T, SessionError> {
         match tokio::time::timeout(self.timing.timeout, call).await {
-            Ok(result) => result,
-            Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "the database did not answer in time",
-            ))),
+            Ok(result) => Ok(result?),
+            Err(_) => Err(SessionError::TimedOut(self.timing.timeout)),
         }
     }
 }

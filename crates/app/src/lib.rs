@@ -10,6 +10,7 @@ pub mod limits;
 pub mod metrics;
 pub mod startup;
 pub mod sweep;
+pub mod telemetry;
 
 use sqlx::migrate::Migrator;
 

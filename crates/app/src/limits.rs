@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use ratebudget::Scope;
+
 use crate::metrics::{Metrics, Outcome, ScopeLabel};
 
 /// Counts the decisions of the secrets context's limiter.
@@ -17,7 +19,7 @@ pub struct MeteredReadLimiter {
 impl secrets::Limiter for MeteredReadLimiter {
     async fn spend_read(&self, reader: secrets::Reader) -> Result<(), secrets::ReadLimitError> {
         let decision = self.inner.spend_read(reader).await;
-        let (node, domain) = (ScopeLabel::secret_read_node, ScopeLabel::secret_read_domain);
+        let (node, domain) = (ScopeLabel(Scope::SecretReadNode), ScopeLabel(Scope::SecretReadDomain));
         match &decision {
             Ok(()) => self.metrics.pair_decision(node, domain, Outcome::granted),
             // A pair is all-or-nothing, so only the bucket that refused was decided.
@@ -56,7 +58,7 @@ impl access::Limiter for MeteredIssuanceLimiter {
             Err(access::IssuanceLimitError::RateLimited { .. }) => Outcome::refused,
             Err(access::IssuanceLimitError::Unavailable(_)) => Outcome::error,
         };
-        self.metrics.decision(ScopeLabel::access_issuance_domain, outcome);
+        self.metrics.decision(ScopeLabel(Scope::AccessIssuanceDomain), outcome);
         decision
     }
 }
@@ -73,15 +75,18 @@ pub struct MeteredQuotaLimiter {
 impl ingest::Limiter for MeteredQuotaLimiter {
     async fn spend_bytes(&self, sender: ingest::Sender, bytes: u64) -> Result<(), ingest::QuotaError> {
         let decision = self.inner.spend_bytes(sender, bytes).await;
-        let (node, domain) = (ScopeLabel::ingest_node, ScopeLabel::ingest_domain);
+        let (node, domain) = (ScopeLabel(Scope::IngestNode), ScopeLabel(Scope::IngestDomain));
         match &decision {
             Ok(()) => self.metrics.pair_decision(node, domain, Outcome::granted),
-            Err(ingest::QuotaError::NodeQuotaExceeded { .. }) => {
+            Err(ingest::QuotaError::Exceeded { quota: ingest::Quota::Node, .. }) => {
                 self.metrics.decision(node, Outcome::refused)
             }
-            Err(ingest::QuotaError::DomainQuotaExceeded { .. }) => {
+            Err(ingest::QuotaError::Exceeded { quota: ingest::Quota::Domain, .. }) => {
                 self.metrics.decision(domain, Outcome::refused)
             }
+            Err(ingest::QuotaError::LargerThanQuota { quota, .. }) => self
+                .metrics
+                .decision(if *quota == ingest::Quota::Node { node } else { domain }, Outcome::refused),
             Err(ingest::QuotaError::Unavailable(_)) => {
                 self.metrics.pair_decision(node, domain, Outcome::error)
             }

@@ -11,14 +11,19 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve the HTTP API and run the leader-elected loops (knobs: see .env.example).
+    /// Serve the HTTP API and run the leader-elected loops; every knob is listed below.
     Serve {
         /// Do not apply pending migrations before serving.
         #[arg(long)]
         no_migrate: bool,
+        #[command(flatten)]
+        knobs: Box<app::config::Knobs>,
     },
     /// Apply every pending migration to DATABASE_URL.
-    Migrate,
+    Migrate {
+        #[command(flatten)]
+        database: app::cli::Database,
+    },
     /// Read rate budgets.
     Budgets {
         #[command(subcommand)]
@@ -32,30 +37,25 @@ enum BudgetsCommand {
     Show {
         /// The Node or Domain id.
         key: uuid::Uuid,
+        #[command(flatten)]
+        database: app::cli::Database,
     },
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+    app::telemetry::init();
     match Cli::parse().command {
-        Command::Serve { no_migrate } => {
-            let config = match app::config::Config::from_env() {
-                Ok(config) => config,
-                Err(error) => {
-                    eprintln!("plexsphere: refusing to start: {error}");
-                    std::process::exit(2);
-                }
-            };
-            app::cli::serve(config, !no_migrate).await
-        }
-        Command::Migrate => app::cli::migrate(app::cli::database_from_env()?).await,
-        Command::Budgets { command: BudgetsCommand::Show { key } } => {
-            app::cli::show_budgets(app::cli::database_from_env()?, key, &mut std::io::stdout()).await
+        Command::Serve { no_migrate, knobs } => match app::config::Config::from_knobs(&knobs) {
+            Ok(config) => app::cli::serve(config, !no_migrate).await,
+            Err(error) => {
+                eprintln!("plexsphere: refusing to start: {error}");
+                std::process::exit(2);
+            }
+        },
+        Command::Migrate { database } => app::cli::migrate(database.options()?).await,
+        Command::Budgets { command: BudgetsCommand::Show { key, database } } => {
+            app::cli::show_budgets(database.options()?, key, &mut std::io::stdout()).await
         }
     }
 }

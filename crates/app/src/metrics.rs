@@ -5,21 +5,23 @@
 
 use std::sync::Arc;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use std::fmt::Write as _;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-/// Which budget a decision was about: the five scopes of the table.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
-#[allow(non_camel_case_types, missing_docs)]
-pub enum ScopeLabel {
-    secret_read_node,
-    secret_read_domain,
-    access_issuance_domain,
-    ingest_node,
-    ingest_domain,
+/// Which budget a decision was about: a rate-budget scope, labelled with the text the table
+/// stores, so the two can never drift apart.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub struct ScopeLabel(pub ratebudget::Scope);
+
+impl EncodeLabelValue for ScopeLabel {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.0.as_str())
+    }
 }
 
 /// How a decision came out: `error` is a budget that could not be evaluated (HTTP 500),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use ratebudget::{Clock, Store, SystemClock};
+use ratebudget::{Clock, Decider, Store, SystemClock};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 use tokio::task::JoinHandle;
@@ -62,6 +62,7 @@ impl Application {
 
         let api_pool = request_pool(&config);
         let store = Store::new(limiter_pool(&config));
+        let decider: Arc<dyn Decider> = Arc::new(store.clone());
         // The sweep gets a pool of its own so a long sweep never takes a request's connection.
         let background_pool = PgPoolOptions::new()
             .max_connections(2)
@@ -75,9 +76,9 @@ impl Application {
                     .options([("statement_timeout", "10000")]),
             );
         let state = AppState {
-            access: bind_access(&config, &api_pool, &store, &wiring, &metrics),
-            secrets: bind_secrets(&config, &api_pool, &store, &wiring, &metrics),
-            ingest: bind_ingest(&config, &api_pool, &store, &wiring, &metrics),
+            access: bind_access(&config, &api_pool, &decider, &wiring, &metrics),
+            secrets: bind_secrets(&config, &api_pool, &decider, &wiring, &metrics),
+            ingest: bind_ingest(&config, &api_pool, &decider, &wiring, &metrics),
             budgets: store.clone(),
             operator_token: OperatorToken::new(&config.operator_token),
             credentials: CredentialCache::new(CREDENTIAL_CACHE_CAPACITY),
@@ -238,14 +239,14 @@ fn pool(config: &Config, application_name: &str, settings: &[(&str, &str)]) -> P
 fn bind_access(
     config: &Config,
     pool: &PgPool,
-    store: &Store,
+    decider: &Arc<dyn Decider>,
     wiring: &Wiring,
     metrics: &Metrics,
 ) -> access::AccessService {
     let limiter = access::RateBudgetIssuanceLimiter::new(
-        store.clone(),
+        decider.clone(),
         wiring.clock.clone(),
-        config.budgets.access_issuance,
+        config.limits.access_issuance,
     );
     access::AccessService::new(
         Arc::new(access::PgAccessRepository::new(pool.clone())),
@@ -256,15 +257,15 @@ fn bind_access(
 fn bind_secrets(
     config: &Config,
     pool: &PgPool,
-    store: &Store,
+    decider: &Arc<dyn Decider>,
     wiring: &Wiring,
     metrics: &Metrics,
 ) -> secrets::SecretsService {
     let limiter = secrets::RateBudgetReadLimiter::new(
-        store.clone(),
+        decider.clone(),
         wiring.clock.clone(),
-        config.budgets.secret_read_node,
-        config.budgets.secret_read_domain,
+        config.limits.secret_read_node,
+        config.limits.secret_read_domain,
     );
     secrets::SecretsService::new(
         Arc::new(secrets::PgSecretRepository::new(pool.clone())),
@@ -275,15 +276,15 @@ fn bind_secrets(
 fn bind_ingest(
     config: &Config,
     pool: &PgPool,
-    store: &Store,
+    decider: &Arc<dyn Decider>,
     wiring: &Wiring,
     metrics: &Metrics,
 ) -> ingest::IngestService {
     let limiter = ingest::RateBudgetQuotaLimiter::new(
-        store.clone(),
+        decider.clone(),
         wiring.clock.clone(),
-        config.budgets.ingest_node,
-        config.budgets.ingest_domain,
+        config.limits.ingest_node,
+        config.limits.ingest_domain,
     );
     ingest::IngestService::new(
         Arc::new(ingest::PgBatchRepository::new(pool.clone())),

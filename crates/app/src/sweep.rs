@@ -25,8 +25,9 @@ pub const LOOP_NAME: &str = "rate-budget-sweep";
 /// silent network, that would otherwise hold up shutdown and leadership hand-over.
 const BATCH_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How long a bucket must be idle before the sweep deletes it.
-pub const RETENTION: chrono::TimeDelta = chrono::TimeDelta::hours(1);
+/// How long a bucket must be idle before the sweep deletes it: the rate-budget store's
+/// retention, which every budget is required to refill within.
+pub const RETENTION: Duration = ratebudget::IDLE_RETENTION;
 
 /// What one tick of the loop did.
 #[derive(Debug)]
@@ -39,37 +40,40 @@ pub enum SweepOutcome {
         deleted: u64,
     },
     /// The sweep failed; the next tick tries again.
-    Failed(ratebudget::Error),
+    Failed(SweepError),
+}
+
+/// Why a sweep stopped before it was done; the batches before stay deleted.
+#[derive(Debug, thiserror::Error)]
+pub enum SweepError {
+    /// The store could not delete a batch.
+    #[error("a sweep batch failed")]
+    Store(#[from] ratebudget::Error),
+    /// A batch did not finish within [`BATCH_TIMEOUT`].
+    #[error("a sweep batch did not finish within {0:?}")]
+    TimedOut(Duration),
 }
 
 /// Deletes every bucket idle since before `now - RETENTION`, one batch statement at a time,
 /// for as long as `keep_going` allows between batches; returns how many it deleted.
 ///
 /// # Errors
-/// The store's error when the database did not answer; the batches before it stay deleted.
+/// [`SweepError`] when a batch failed or hung; the batches before it stay deleted.
 pub async fn sweep_once(
     store: &Store,
     clock: &dyn Clock,
     mut keep_going: impl FnMut() -> bool,
-) -> Result<u64, ratebudget::Error> {
-    let before = clock.now() - RETENTION;
-    let mut deleted = 0;
+) -> Result<u64, SweepError> {
+    let retention = chrono::TimeDelta::from_std(RETENTION).expect("an hour is a valid time delta");
+    let mut sweep = store.sweep_idle(clock.now() - retention);
     while keep_going() {
-        let batch =
-            tokio::time::timeout(BATCH_TIMEOUT, store.delete_idle_batch(before, Store::DELETE_IDLE_BATCH))
-                .await
-                .map_err(|_| {
-                    ratebudget::Error::Database(sqlx::Error::Io(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "a sweep batch did not finish in time",
-                    )))
-                })??;
-        deleted += batch;
-        if batch < Store::DELETE_IDLE_BATCH {
-            break;
-        }
+        match tokio::time::timeout(BATCH_TIMEOUT, sweep.next_batch()).await {
+            Err(_) => return Err(SweepError::TimedOut(BATCH_TIMEOUT)),
+            Ok(None) => break,
+            Ok(Some(batch)) => batch?,
+        };
     }
-    Ok(deleted)
+    Ok(sweep.deleted())
 }
 
 /// One tick: sweeps while this replica leads and is not shutting down (checked before every
@@ -92,7 +96,7 @@ pub async fn tick(
             SweepOutcome::Swept { deleted }
         }
         Err(error) => {
-            tracing::warn!(loop_name = LOOP_NAME, error = %error, source = ?std::error::Error::source(&error), "sweep failed; the next tick retries");
+            tracing::warn!(loop_name = LOOP_NAME, error = %crate::http::cause_chain(&error), "sweep failed; the next tick retries");
             metrics.sweep(None);
             SweepOutcome::Failed(error)
         }

@@ -10,20 +10,47 @@ use std::time::Duration;
 /// A cause that the context passes along without inspecting it.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
+/// Which of the two quotas a batch spends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Quota {
+    /// The sending Node's own quota (`ingest_node`).
+    Node,
+    /// The quota shared by every Node of the sender's Domain (`ingest_domain`).
+    Domain,
+}
+
+impl std::fmt::Display for Quota {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Quota::Node => "node",
+            Quota::Domain => "domain",
+        })
+    }
+}
+
 /// Why [`crate::IngestService::accept`] did not accept a batch.
 #[derive(Debug, thiserror::Error)]
 pub enum IngestError {
-    /// The sending Node has spent its ingest quota; nothing was stored.
-    #[error("node ingest quota exceeded")]
-    NodeQuotaExceeded {
-        /// How long until the Node's quota could cover this batch.
+    /// The batch is empty. It would cost nothing, so storing it would let a Node write rows
+    /// without limit; nothing was stored.
+    #[error("empty batch")]
+    EmptyBatch,
+    /// A quota cannot cover the batch now; nothing was stored and nothing was spent.
+    #[error("{quota} ingest quota exceeded")]
+    QuotaExceeded {
+        /// The quota that refused.
+        quota: Quota,
+        /// How long until that quota could cover this batch.
         retry_after: Duration,
     },
-    /// The sender's Domain has spent its ingest quota; nothing was stored.
-    #[error("domain ingest quota exceeded")]
-    DomainQuotaExceeded {
-        /// How long until the Domain's quota could cover this batch.
-        retry_after: Duration,
+    /// The batch is larger than a quota ever holds, so no wait would admit it; nothing was
+    /// stored and nothing was spent.
+    #[error("batch larger than the {quota} ingest quota of {burst} bytes")]
+    LargerThanQuota {
+        /// The quota it exceeds.
+        quota: Quota,
+        /// The most that quota ever holds, in bytes.
+        burst: u64,
     },
     /// The quotas could not be evaluated or the batch store did not answer. Not a refusal.
     #[error("ingest could not answer")]
@@ -33,17 +60,21 @@ pub enum IngestError {
 /// What the [`crate::Limiter`] port answers when it does not grant a spend.
 #[derive(Debug, thiserror::Error)]
 pub enum QuotaError {
-    /// The Node's `ingest_node` quota cannot cover the bytes; neither quota was debited.
-    #[error("node ingest quota exceeded")]
-    NodeQuotaExceeded {
-        /// How long until the Node's quota could cover the bytes.
+    /// A quota cannot cover the bytes now; neither quota was debited.
+    #[error("{quota} ingest quota exceeded")]
+    Exceeded {
+        /// The quota that refused.
+        quota: Quota,
+        /// How long until that quota could cover the bytes.
         retry_after: Duration,
     },
-    /// The Domain's `ingest_domain` quota cannot cover the bytes; neither quota was debited.
-    #[error("domain ingest quota exceeded")]
-    DomainQuotaExceeded {
-        /// How long until the Domain's quota could cover the bytes.
-        retry_after: Duration,
+    /// The bytes exceed what a quota ever holds; neither quota was debited.
+    #[error("bytes larger than the {quota} ingest quota of {burst}")]
+    LargerThanQuota {
+        /// The quota they exceed.
+        quota: Quota,
+        /// The most that quota ever holds, in bytes.
+        burst: u64,
     },
     /// The quotas could not be evaluated. Not a refusal.
     #[error("ingest quota could not answer")]
@@ -58,10 +89,8 @@ pub struct RepositoryError(#[source] pub BoxError);
 impl From<QuotaError> for IngestError {
     fn from(error: QuotaError) -> Self {
         match error {
-            QuotaError::NodeQuotaExceeded { retry_after } => IngestError::NodeQuotaExceeded { retry_after },
-            QuotaError::DomainQuotaExceeded { retry_after } => {
-                IngestError::DomainQuotaExceeded { retry_after }
-            }
+            QuotaError::Exceeded { quota, retry_after } => IngestError::QuotaExceeded { quota, retry_after },
+            QuotaError::LargerThanQuota { quota, burst } => IngestError::LargerThanQuota { quota, burst },
             // The whole error becomes the source, so the chain names the quota as what failed.
             unavailable @ QuotaError::Unavailable(_) => IngestError::Unavailable(Box::new(unavailable)),
         }

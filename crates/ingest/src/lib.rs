@@ -24,7 +24,7 @@ mod persistence;
 mod ports;
 mod service;
 
-pub use error::{BoxError, IngestError, QuotaError, RepositoryError};
+pub use error::{BoxError, IngestError, Quota, QuotaError, RepositoryError};
 pub use model::{byte_cost, Batch, BatchId, DomainId, NodeId, Sender};
 pub use persistence::{PgBatchRepository, RateBudgetQuotaLimiter};
 pub use ports::{BatchRepository, Limiter};

@@ -5,10 +5,10 @@
 
 use std::sync::Arc;
 
-use ratebudget::{Budget, Clock, Key, PairDecision, Scope, Spend, Store};
+use ratebudget::{Clock, Decider, Decision, Key, Limit, Scope, Spend, Take, Which};
 use sqlx::PgPool;
 
-use crate::{BatchId, BatchRepository, Limiter, QuotaError, RepositoryError, Sender};
+use crate::{BatchId, BatchRepository, Limiter, Quota, QuotaError, RepositoryError, Sender};
 
 /// Batches in `plexsphere.ingest_batches`.
 #[derive(Clone, Debug)]
@@ -50,30 +50,30 @@ impl BatchRepository for PgBatchRepository {
 /// The ingest quotas as two shared rate budgets: `ingest_node` keyed by the Node and
 /// `ingest_domain` keyed by its Domain, each costing the batch's bytes.
 ///
-/// Both are spent in one [`Store::take_pair`] call, all-or-nothing (docs/adr/0002). Two
-/// single takes in a row would either lose the Node's debit when the Domain refuses (the
-/// Node pays for a batch that was never accepted) or need a refund that a crash or timeout
-/// between the two can skip, and would cost a second round trip on every batch.
+/// Both are spent in one two-budget take, all-or-nothing (docs/adr/0002). Two single takes in
+/// a row would either lose the Node's debit when the Domain refuses (the Node pays for a batch
+/// that was never accepted) or need a refund that a crash or timeout between the two can
+/// skip, and would cost a second round trip on every batch.
 ///
 /// `now` is read from the clock on every call, so tests drive refills with a manual clock.
 #[derive(Clone, Debug)]
 pub struct RateBudgetQuotaLimiter {
-    store: Store,
+    decider: Arc<dyn Decider>,
     clock: Arc<dyn Clock>,
-    node_budget: Budget,
-    domain_budget: Budget,
+    node_quota: Limit,
+    domain_quota: Limit,
 }
 
 impl RateBudgetQuotaLimiter {
-    /// A limiter spending from `store` at `clock`'s time, sizing each Node's bucket with
-    /// `node_budget` and each Domain's with `domain_budget` (in bytes and bytes per second).
+    /// A limiter spending through `decider` at `clock`'s time, sizing each Node's bucket with
+    /// `node_quota` and each Domain's with `domain_quota` (in bytes and bytes per second).
     pub fn new(
-        store: Store,
+        decider: Arc<dyn Decider>,
         clock: Arc<dyn Clock>,
-        node_budget: Budget,
-        domain_budget: Budget,
+        node_quota: Limit,
+        domain_quota: Limit,
     ) -> RateBudgetQuotaLimiter {
-        RateBudgetQuotaLimiter { store, clock, node_budget, domain_budget }
+        RateBudgetQuotaLimiter { decider, clock, node_quota, domain_quota }
     }
 }
 
@@ -82,32 +82,36 @@ impl Limiter for RateBudgetQuotaLimiter {
     async fn spend_bytes(&self, sender: Sender, bytes: u64) -> Result<(), QuotaError> {
         // Exact up to 2^53 bytes, far beyond any batch a server accepts.
         let cost = bytes as f64;
-        let node = Spend {
-            scope: Scope::IngestNode,
-            key: Key::from(sender.node.as_uuid()),
-            cost,
-            budget: self.node_budget,
-        };
-        let domain = Spend {
-            scope: Scope::IngestDomain,
-            key: Key::from(sender.domain.as_uuid()),
-            cost,
-            budget: self.domain_budget,
-        };
-        // Any error, validation included, means the quotas were not evaluated: a
-        // misconfigured budget must fail closed as an outage, never read as a refusal.
-        let decision = self
-            .store
-            .take_pair(node, domain, self.clock.now())
-            .await
-            .map_err(|error| QuotaError::Unavailable(Box::new(error)))?;
-        match decision {
-            PairDecision::Granted => Ok(()),
-            PairDecision::FirstRefused => {
-                Err(QuotaError::NodeQuotaExceeded { retry_after: self.node_budget.retry_after(cost) })
+        let take = Take::Pair(
+            Spend {
+                scope: Scope::IngestNode,
+                key: Key::from(sender.node.as_uuid()),
+                cost,
+                limit: self.node_quota,
+            },
+            Spend {
+                scope: Scope::IngestDomain,
+                key: Key::from(sender.domain.as_uuid()),
+                cost,
+                limit: self.domain_quota,
+            },
+        );
+        // Any error, validation included, means the quotas were not evaluated: it must fail
+        // closed as an outage, never read as a refusal.
+        let decision = self.decider.decide(take, self.clock.now()).await;
+        let quota = |which| if which == Which::First { Quota::Node } else { Quota::Domain };
+        match decision.map_err(|error| QuotaError::Unavailable(Box::new(error)))? {
+            Decision::Granted(_) => Ok(()),
+            Decision::Refused(refusal) => {
+                Err(QuotaError::Exceeded { quota: quota(refusal.which), retry_after: refusal.retry_after })
             }
-            PairDecision::SecondRefused => {
-                Err(QuotaError::DomainQuotaExceeded { retry_after: self.domain_budget.retry_after(cost) })
+            Decision::InsufficientCapacity(never) => {
+                // A burst is a whole number of bytes in any sane configuration; round down so
+                // the limit reported is one the batch really exceeds.
+                Err(QuotaError::LargerThanQuota {
+                    quota: quota(never.which),
+                    burst: never.burst.floor() as u64,
+                })
             }
         }
     }

@@ -10,14 +10,15 @@ pub trait Limiter: Send + Sync {
     /// (`ingest_domain`), all-or-nothing: both are debited or neither is.
     ///
     /// # Errors
-    /// - [`QuotaError::NodeQuotaExceeded`] MUST be returned when the Node's quota cannot cover
-    ///   `bytes`, and neither quota MUST have been debited. `retry_after` MUST be how long an
-    ///   empty Node quota needs to cover `bytes`, or a bounded wait when it never can.
-    /// - [`QuotaError::DomainQuotaExceeded`] likewise when the Domain's quota cannot cover
-    ///   `bytes` (and the Node's can), with the Domain's `retry_after`.
+    /// - [`QuotaError::Exceeded`] MUST be returned when a quota cannot cover `bytes` now,
+    ///   naming that quota (either, when both cannot), and neither quota MUST have been
+    ///   debited. `retry_after` MUST be how long until that quota covers `bytes` if nobody else
+    ///   spends from it.
+    /// - [`QuotaError::LargerThanQuota`] MUST be returned instead when `bytes` exceed what a
+    ///   quota ever holds, so that no wait would admit them; nothing MUST have been debited.
     /// - [`QuotaError::Unavailable`] MUST be returned when the quotas could not be evaluated
     ///   (the store did not answer, or the quotas are misconfigured). It MUST NOT be reported
-    ///   as either refusal, and a refusal MUST NOT be reported as it.
+    ///   as a refusal, and a refusal MUST NOT be reported as it.
     async fn spend_bytes(&self, sender: Sender, bytes: u64) -> Result<(), QuotaError>;
 }
 

@@ -23,22 +23,25 @@ impl IngestService {
     /// Accepts `payload` from `sender`: spends its wire bytes from the Node's and the
     /// Domain's quota, then commits it, and returns the id it is stored under.
     ///
-    /// An empty batch costs nothing, so the quotas are not asked; it is still stored.
+    /// An empty batch is refused: it would cost nothing, so accepting it would let a Node
+    /// write rows without limit.
     ///
     /// The bytes are spent before the batch is stored so that a refused batch never reaches
     /// the table. The price is that a store failure after a grant leaves the bytes spent;
     /// the Node retries against a quota that refills within seconds.
     ///
     /// # Errors
-    /// [`IngestError::NodeQuotaExceeded`] or [`IngestError::DomainQuotaExceeded`] when a quota
-    /// refused the batch (nothing is stored); [`IngestError::Unavailable`] when a quota could
-    /// not be evaluated (nothing is stored) or the batch store did not answer.
+    /// [`IngestError::EmptyBatch`] before anything else; [`IngestError::QuotaExceeded`] or
+    /// [`IngestError::LargerThanQuota`] when a quota refused the batch (nothing is stored);
+    /// [`IngestError::Unavailable`] when a quota could not be evaluated (nothing is stored) or
+    /// the batch store did not answer.
     pub async fn accept(&self, sender: Sender, payload: &[u8]) -> Result<BatchId, IngestError> {
         let batch = Batch { id: BatchId::random(), sender, payload };
         let cost = batch.byte_cost();
-        if cost > 0 {
-            self.limiter.spend_bytes(batch.sender, cost).await?;
+        if cost == 0 {
+            return Err(IngestError::EmptyBatch);
         }
+        self.limiter.spend_bytes(batch.sender, cost).await?;
         self.repository.insert(batch.id, batch.sender, batch.payload).await?;
         Ok(batch.id)
     }

@@ -60,16 +60,14 @@ fn main() {
         let before = now - TimeDelta::hours(1);
         let started = Instant::now();
         let mut batches: Vec<Duration> = Vec::new();
-        let mut deleted = 0;
+        let mut sweep = store.sweep_idle(before);
         loop {
             let began = Instant::now();
-            let batch = store.delete_idle_batch(before, Store::DELETE_IDLE_BATCH).await.unwrap();
+            let Some(batch) = sweep.next_batch().await else { break };
+            batch.unwrap();
             batches.push(began.elapsed());
-            deleted += batch;
-            if batch < Store::DELETE_IDLE_BATCH {
-                break;
-            }
         }
+        let deleted = sweep.deleted();
         let total = started.elapsed();
         let left: i64 = sqlx::query_scalar("SELECT count(*) FROM plexsphere.rate_budgets").fetch_one(&pool).await.unwrap();
         assert_eq!(deleted, IDLE_ROWS as u64);

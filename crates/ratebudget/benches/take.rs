@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, TimeZone, Utc};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use ratebudget::{Budget, Key, PairDecision, Scope, Spend, Store};
+use ratebudget::{Budget, Key, Limit, Scope, Spend, Store, Take};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 /// What every caller does in a loop.
@@ -205,8 +205,12 @@ async fn measure(args: &Args, workload: Workload, clients: usize) -> Row {
     let hot = Key::from(uuid::Uuid::parse_str("00000000-0000-4000-8000-000000000001").unwrap());
     let exhausted = Key::from(uuid::Uuid::parse_str("00000000-0000-4000-8000-000000000002").unwrap());
     // Large enough that the random and hot workloads never refuse over a run.
-    let plenty = Budget { per_second: 1.0, burst: 1e12 };
-    let never_refills = Budget { per_second: 0.0, burst: 1e12 };
+    // Every take is decided at the seed rows' own instant (`now()`), so no bucket refills
+    // during a run whatever the rate: the hot bucket never runs dry and the exhausted one
+    // never recovers. The rate only has to make a valid limit (refilled within the hour).
+    let plenty = Budget { per_second: 1e9, burst: 1e12 };
+    let plenty_limit = Limit::try_from(plenty).unwrap();
+    let never_refills = plenty;
 
     let warm_up = Duration::from_secs(1);
     let started = Instant::now();
@@ -242,13 +246,18 @@ async fn measure(args: &Args, workload: Workload, clients: usize) -> Row {
                         Workload::Pair => {
                             let domain = domains[rng.random_range(0..domains.len())];
                             let first =
-                                Spend { scope: Scope::IngestNode, key: node, cost: 1.0, budget: plenty };
-                            let second =
-                                Spend { scope: Scope::IngestDomain, key: domain, cost: 1.0, budget: plenty };
-                            assert_eq!(
-                                store.take_pair(first, second, now()).await.unwrap(),
-                                PairDecision::Granted
-                            );
+                                Spend { scope: Scope::IngestNode, key: node, cost: 1.0, limit: plenty_limit };
+                            let second = Spend {
+                                scope: Scope::IngestDomain,
+                                key: domain,
+                                cost: 1.0,
+                                limit: plenty_limit,
+                            };
+                            assert!(store
+                                .decide(Take::Pair(first, second), now())
+                                .await
+                                .unwrap()
+                                .is_granted());
                         }
                     }
                     if began >= measure_from {

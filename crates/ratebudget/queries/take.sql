@@ -4,6 +4,12 @@
 -- $5 burst (the ceiling), $6 now (the caller's clock). Every cast is explicit so the
 -- statement prepares the same way from sqlx, psql and pgbench.
 --
+-- Result: one row (granted, tokens, refilled_at). On a grant, the row as debited: what is
+-- left. On a refusal the snapshot foresaw, the row as judged, so the caller can work out when
+-- the cost will be covered (ratebudget::Limit::covered_at repeats this arithmetic exactly).
+-- No row at all: refused under the lock by a concurrent take; the level is then known only
+-- to be below the cost.
+--
 -- The arithmetic, for a row (tokens, refilled_at):
 --   elapsed = max(0, now - refilled_at)          a clock running behind refills nothing
 --   level   = min(burst, tokens + elapsed * rate)  never above the ceiling
@@ -32,6 +38,8 @@
 -- accrued since the last grant are kept for the next take.
 WITH seen AS (
     SELECT
+        tokens,
+        refilled_at,
         LEAST(
             $5::float8,
             tokens + GREATEST(0::float8, date_part('epoch', $6::timestamptz - refilled_at)) * $4::float8
@@ -54,6 +62,11 @@ taken AS (
             $5::float8,
             b.tokens + GREATEST(0::float8, date_part('epoch', $6::timestamptz - b.refilled_at)) * $4::float8
         ) >= $3::float8
-    RETURNING 1
+    RETURNING b.tokens, b.refilled_at
 )
-SELECT EXISTS (SELECT 1 FROM taken) AS granted
+SELECT true AS granted, tokens, refilled_at
+FROM taken
+UNION ALL
+SELECT false, tokens, refilled_at
+FROM seen
+WHERE seen.level < $3::float8

@@ -5,25 +5,30 @@
 //! is shared, a deployment admits the configured rate however many replicas serve it.
 //!
 //! The budget itself, rate and ceiling, is not stored: it travels with every take as a
-//! [`Budget`]. Replicas read their budgets from knobs at boot, so a stored copy would hold
-//! whichever replica last wrote it; passing it also lets one caller size a bucket from a
-//! Domain's own policy while another uses a process-wide default.
+//! [`Limit`] (validated when it is built, so a take never checks it again). Replicas read
+//! their budgets from knobs at boot, so a stored copy would hold whichever replica last wrote
+//! it; passing it also lets one caller size a bucket from a Domain's own policy while another
+//! uses a process-wide default.
 //!
-//! A take answers `Ok(true)` (covered and debited), `Ok(false)` (refused, nothing written) or
-//! `Err` (the budget could not be evaluated). A refusal is not an error here: each caller owns
-//! a refusal error that names its budget for its transport. An `Err` must never be reported
-//! as a refusal, or an outage would tell a whole fleet to back off from a cap none of them
-//! reached.
+//! A take answers a [`Decision`]: granted (with what is left), refused (which bucket, and how
+//! long until the refused cost could be covered), or a cost above the burst that no wait will
+//! ever cover. A refusal is not an error: each caller owns a refusal error that names its
+//! budget for its transport. An `Err` means the budget could not be evaluated, and must never
+//! be reported as a refusal, or an outage would tell a whole fleet to back off from a cap
+//! none of them reached. [`Store::take`] is the reference's API (`Ok(bool)`) over the same
+//! decision.
 //!
 //! This crate owns the table and every statement that touches it; nothing else does.
 
 mod clock;
 mod connections;
+mod decision;
 mod error;
 mod model;
 mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use decision::{Decider, Decision, Grant, InsufficientCapacity, Refusal, Take, Which};
 pub use error::Error;
-pub use model::{Budget, Key, Scope, Spend};
-pub use store::{Bucket, PairDecision, Store};
+pub use model::{Budget, Fill, InvalidLimit, Key, Limit, Scope, Spend, IDLE_RETENTION};
+pub use store::{Bucket, IdleSweep, Store};

@@ -4,6 +4,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+
 use crate::Error;
 
 /// Which budget a bucket belongs to.
@@ -80,11 +82,11 @@ impl From<uuid::Uuid> for Key {
     }
 }
 
-/// How a bucket refills: `per_second` tokens a second up to a ceiling of `burst`.
+/// How a bucket refills, as the pinned API spells it: `per_second` tokens a second up to a
+/// ceiling of `burst`.
 ///
-/// A bucket starts full, so `burst` back-to-back requests are admitted before the sustained
-/// rate applies. A rate of zero is allowed (a bucket that never refills); a burst of zero is
-/// not, since it could admit nothing but free requests.
+/// This is plain data, checked only when [`Store::take`](crate::Store::take) turns it into a
+/// [`Limit`]; everything else in this crate takes a [`Limit`], which cannot be built invalid.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Budget {
     /// Tokens added per second of elapsed time.
@@ -93,32 +95,181 @@ pub struct Budget {
     pub burst: f64,
 }
 
-impl Budget {
-    /// Checks the budget as a take does; `Err(Error::InvalidBudget)` when it is unusable.
-    pub fn validate(self) -> Result<Self, Error> {
-        let finite_non_negative = |x: f64| x.is_finite() && x >= 0.0;
-        if finite_non_negative(self.per_second) && finite_non_negative(self.burst) && self.burst > 0.0 {
-            Ok(self)
-        } else {
-            Err(Error::InvalidBudget)
+/// The longest any budget may take to refill from empty to full, which is also how long a
+/// bucket must sit idle before the sweep deletes it.
+///
+/// The two are one number on purpose: the sweep deletes a bucket idle this long because such a
+/// bucket is full, so deleting it is exactly what the next take would mint. A budget that took
+/// longer to refill would be handed tokens by the sweep. [`Limit::new`] enforces it, and every
+/// table that stores a budget has a CHECK with the same comparison (`burst <= per_second *
+/// 3600`, in float8, which is IEEE double arithmetic as in Rust), so a budget Rust accepts can
+/// never trip a CHECK.
+pub const IDLE_RETENTION: Duration = Duration::from_secs(3600);
+
+/// [`IDLE_RETENTION`] in seconds, as the budget comparison uses it.
+const IDLE_RETENTION_SECONDS: f64 = 3600.0;
+
+/// A budget that is known to be usable: how fast a bucket refills and how much it holds.
+///
+/// A bucket starts full, so `burst` back-to-back requests are admitted before the sustained
+/// rate applies. Built only by [`Limit::new`], so a `Limit` in hand is valid and no take checks
+/// it again.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Limit {
+    per_second: f64,
+    burst: f64,
+}
+
+/// Why numbers do not make a [`Limit`]: which field, and the rule it breaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {field}: {reason}")]
+pub struct InvalidLimit {
+    /// `per_second` or `burst`.
+    pub field: &'static str,
+    /// The rule, phrased for whoever supplied the number.
+    pub reason: &'static str,
+}
+
+impl Limit {
+    /// The highest rate a budget may have, in tokens a second.
+    ///
+    /// With this and [`Limit::MAX_BURST`], the refill arithmetic (`tokens + elapsed * rate`)
+    /// stays below 1e25 for any two instants PostgreSQL can store, far from float8's overflow,
+    /// so no budget can make a take fail in the database. A terabyte a second is beyond any
+    /// quota this service sets.
+    pub const MAX_PER_SECOND: f64 = 1e12;
+
+    /// The largest burst a budget may have, in tokens.
+    pub const MAX_BURST: f64 = 1e15;
+
+    /// Checks a rate and a burst.
+    ///
+    /// # Errors
+    /// [`InvalidLimit`] naming `per_second` unless it is a number above 0 and at most
+    /// [`Limit::MAX_PER_SECOND`], or `burst` unless it is a number above 0, at most
+    /// [`Limit::MAX_BURST`], and refilled from empty within [`IDLE_RETENTION`]
+    /// (`burst <= per_second * 3600`).
+    pub fn new(per_second: f64, burst: f64) -> Result<Limit, InvalidLimit> {
+        // Every comparison is written so that NaN fails it.
+        if !(per_second > 0.0 && per_second <= Limit::MAX_PER_SECOND) {
+            return Err(InvalidLimit {
+                field: "per_second",
+                reason: "must be a number above 0 and at most 1e12",
+            });
         }
+        if !(burst > 0.0 && burst <= Limit::MAX_BURST) {
+            return Err(InvalidLimit { field: "burst", reason: "must be a number above 0 and at most 1e15" });
+        }
+        if !Limit::refills_within_retention(per_second, burst) {
+            return Err(InvalidLimit {
+                field: "burst",
+                reason: "must refill from empty within an hour: burst <= per_second * 3600",
+            });
+        }
+        Ok(Limit { per_second, burst })
     }
 
-    /// The wait a refusal reports when the bucket can never cover the cost (a zero rate, or a
-    /// cost above the burst): waiting helps nothing, but a Retry-After must be finite, and an
-    /// hour keeps a misbehaving caller from retrying in a loop.
-    pub const NEVER_COVERS: Duration = Duration::from_secs(60 * 60);
-
-    /// How long a caller refused `cost` should wait before asking again: the time an empty
-    /// bucket takes to cover it, `cost / per_second`, which bounds the wait whatever the
-    /// bucket holds now. [`Budget::NEVER_COVERS`] when the bucket can never cover it, or the
-    /// wait is too long for a `Duration`.
-    pub fn retry_after(self, cost: f64) -> Duration {
-        if cost > self.burst || self.per_second <= 0.0 {
-            return Budget::NEVER_COVERS;
-        }
-        Duration::try_from_secs_f64(cost / self.per_second).unwrap_or(Budget::NEVER_COVERS)
+    /// The retention rule, exactly as the tables' CHECKs write it.
+    fn refills_within_retention(per_second: f64, burst: f64) -> bool {
+        burst <= per_second * IDLE_RETENTION_SECONDS
     }
+
+    /// Tokens added per second of elapsed time.
+    pub fn per_second(self) -> f64 {
+        self.per_second
+    }
+
+    /// The ceiling: the most a bucket holds, and what a new bucket starts with.
+    pub fn burst(self) -> f64 {
+        self.burst
+    }
+
+    /// How long an empty bucket takes to refill to full.
+    pub fn refill_time(self) -> Duration {
+        // Within IDLE_RETENTION by construction, so always representable.
+        Duration::from_secs_f64(self.burst / self.per_second)
+    }
+
+    /// What a bucket holding `fill` holds at `now`: refilled by the elapsed time at this rate,
+    /// capped at the burst, with a `now` before `fill.refilled_at` refilling nothing.
+    ///
+    /// This is the take statement's arithmetic operation for operation (`queries/take.sql`),
+    /// including how PostgreSQL turns a timestamp difference into seconds, so the two agree
+    /// exactly rather than approximately; the pre-check relies on that.
+    pub fn level(self, fill: Fill, now: DateTime<Utc>) -> f64 {
+        self.burst.min(fill.tokens + elapsed_seconds(fill.refilled_at, now).max(0.0) * self.per_second)
+    }
+
+    /// The earliest instant, to the microsecond and not before `now`, at which a bucket
+    /// holding `fill` covers `cost` if nobody spends from it. `cost` must not exceed the burst.
+    pub fn covered_at(self, fill: Fill, cost: f64, now: DateTime<Utc>) -> DateTime<Utc> {
+        if cost > self.burst {
+            // Never: the caller broke the precondition; the far future is the honest answer.
+            return DateTime::<Utc>::MAX_UTC;
+        }
+        if self.level(fill, now) >= cost {
+            return now;
+        }
+        let covers = |micros: i64| {
+            self.level(fill, fill.refilled_at + chrono::TimeDelta::microseconds(micros)) >= cost
+        };
+        // The closed form lands within a few microseconds of the answer (float rounding); the
+        // exact answer is then found by asking the level function itself, so the instant
+        // returned is one at which the statement admits and the one before it refuses.
+        let estimate = ((cost - fill.tokens) / self.per_second * 1e6).ceil();
+        let mut micros = estimate.clamp(0.0, 1e15) as i64;
+        let from = (now - fill.refilled_at).num_microseconds().unwrap_or(0).max(0);
+        micros = micros.max(from);
+        while !covers(micros) {
+            micros += 1;
+        }
+        while micros > from && covers(micros - 1) {
+            micros -= 1;
+        }
+        fill.refilled_at + chrono::TimeDelta::microseconds(micros)
+    }
+
+    /// How long after `now` a bucket holding `fill` covers `cost` if nobody spends from it.
+    pub fn time_to_cover(self, fill: Fill, cost: f64, now: DateTime<Utc>) -> Duration {
+        (self.covered_at(fill, cost, now) - now).to_std().unwrap_or(Duration::ZERO)
+    }
+
+    /// The plain-data form of this limit.
+    pub fn budget(self) -> Budget {
+        Budget { per_second: self.per_second, burst: self.burst }
+    }
+}
+
+impl TryFrom<Budget> for Limit {
+    type Error = InvalidLimit;
+
+    fn try_from(budget: Budget) -> Result<Self, Self::Error> {
+        Limit::new(budget.per_second, budget.burst)
+    }
+}
+
+impl From<InvalidLimit> for Error {
+    fn from(_: InvalidLimit) -> Self {
+        Error::InvalidBudget
+    }
+}
+
+/// `date_part('epoch', to - from)` as PostgreSQL 15 computes it: the difference is justified
+/// into whole days and a remainder, and the two are added as float8.
+fn elapsed_seconds(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
+    const DAY: i64 = 86_400_000_000;
+    let difference = (to - from).num_microseconds().unwrap_or(if to > from { i64::MAX } else { i64::MIN });
+    let (days, rest) = (difference / DAY, difference % DAY);
+    rest as f64 / 1_000_000.0 + 86_400.0 * days as f64
+}
+
+/// What a bucket held, and the instant it was last brought up to date: a row of the table.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Fill {
+    /// Tokens held at `refilled_at`.
+    pub tokens: f64,
+    /// When the bucket was last refilled; it refills from here.
+    pub refilled_at: DateTime<Utc>,
 }
 
 /// One bucket's part of a take: which bucket, what it costs and how that bucket refills.
@@ -131,12 +282,11 @@ pub struct Spend {
     /// Tokens the request costs from this bucket.
     pub cost: f64,
     /// How this bucket refills.
-    pub budget: Budget,
+    pub limit: Limit,
 }
 
 impl Spend {
-    /// Rejects a spend that a query must never see: the zero key, a negative or NaN cost, an
-    /// unusable budget.
+    /// Rejects a spend that a query must never see: the zero key, a negative or NaN cost.
     pub(crate) fn validate(self) -> Result<Self, Error> {
         if self.key.0 == [0; 16] {
             return Err(Error::ZeroKey);
@@ -144,44 +294,20 @@ impl Spend {
         if self.cost.is_nan() || self.cost < 0.0 {
             return Err(Error::NegativeCost);
         }
-        self.budget.validate()?;
         Ok(self)
     }
 
-    /// What a take decides without asking the database, if anything.
-    ///
-    /// A zero cost cannot exhaust a bucket, so a round trip for it would be waste on a hot
-    /// path. A cost above the ceiling can never be covered, and the statement's insert arm
-    /// would mint a negative balance and trip the table's CHECK, answering a question with a
-    /// constraint violation.
-    pub(crate) fn decided_without_query(self) -> Option<bool> {
-        if self.cost == 0.0 {
-            Some(true)
-        } else if self.cost > self.budget.burst {
-            Some(false)
-        } else {
-            None
-        }
+    /// Whether the bucket can never cover the cost: no bucket holds more than its burst, and
+    /// the statement's insert arm would mint a negative balance and trip the table's CHECK.
+    pub(crate) fn never_fits(self) -> bool {
+        self.cost > self.limit.burst
+    }
+
+    /// A zero cost cannot exhaust a bucket, so a round trip for it would be waste.
+    pub(crate) fn is_free(self) -> bool {
+        self.cost == 0.0
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn retry_after_is_the_time_an_empty_bucket_takes_to_cover_the_cost() {
-        let budget = |per_second, burst| Budget { per_second, burst };
-        assert_eq!(budget(2.0, 10.0).retry_after(1.0), Duration::from_millis(500));
-        assert_eq!(budget(0.25, 1.0).retry_after(1.0), Duration::from_secs(4));
-        assert_eq!(budget(100.0, 1000.0).retry_after(500.0), Duration::from_secs(5));
-    }
-
-    #[test]
-    fn retry_after_is_an_hour_when_the_bucket_never_covers_the_cost() {
-        let budget = |per_second, burst| Budget { per_second, burst };
-        assert_eq!(budget(0.0, 10.0).retry_after(1.0), Budget::NEVER_COVERS);
-        assert_eq!(budget(1.0, 0.5).retry_after(1.0), Budget::NEVER_COVERS);
-        assert_eq!(budget(f64::MIN_POSITIVE, 10.0).retry_after(1.0), Budget::NEVER_COVERS);
-    }
-}
+mod tests;

@@ -6,10 +6,13 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Row};
 
 use crate::connections::TakeConnections;
-use crate::{Budget, Error, Key, Scope, Spend};
+use crate::{
+    Budget, Decider, Decision, Error, Fill, Grant, InsufficientCapacity, Key, Limit, Refusal, Scope, Spend,
+    Take, Which,
+};
 
 const TAKE: &str = include_str!("../queries/take.sql");
-const TAKE_PAIR: &str = include_str!("../queries/take_pair.sql");
+const DECIDE_PAIR: &str = include_str!("../queries/decide_pair.sql");
 const DELETE_IDLE: &str = include_str!("../queries/delete_idle.sql");
 const BUCKETS: &str = include_str!("../queries/buckets.sql");
 
@@ -31,17 +34,6 @@ impl std::fmt::Debug for Store {
     }
 }
 
-/// What a two-budget take decided.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PairDecision {
-    /// Both buckets covered their cost and both were debited.
-    Granted,
-    /// The first bucket could not cover its cost; neither was debited.
-    FirstRefused,
-    /// The second bucket could not cover its cost; neither was debited.
-    SecondRefused,
-}
-
 /// One bucket as stored, for operators reading a budget.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Bucket {
@@ -58,25 +50,21 @@ impl Store {
     ///
     /// Takes run on connections of the store's own, opened from the pool's connect options and
     /// at most as many as its maximum; the pool's hooks (`after_connect` and the like) do not
-    /// run on them, so put per-session settings in the connect options. Waiting for one of
-    /// them is bounded by the pool's acquire timeout; the statement itself is not, so a caller
-    /// that must answer in bounded time (as the HTTP service does) puts a timeout around the
-    /// take, and a cancelled take closes its connection rather than reusing it.
+    /// run on them, so put per-session settings in the connect options. They are opened only
+    /// when takes need them, so a store that only sweeps or reads never opens one. Waiting
+    /// for one is bounded by the pool's acquire timeout; the statement itself is not, so a
+    /// caller that must answer in bounded time (as the HTTP service does) puts a timeout
+    /// around the take, and a cancelled take closes its connection rather than reusing it.
     pub fn new(pool: PgPool) -> Store {
         Store { takes: Arc::new(TakeConnections::new(pool.clone())), pool }
     }
 
     /// Takes `cost` tokens from the bucket `(scope, key)`, sized by `budget`, at the caller's
-    /// `now`.
+    /// `now`: the reference's API, answering only whether the take was granted.
     ///
     /// `Ok(true)`: the bucket covered the cost and has been debited. `Ok(false)`: it did not,
     /// and nothing was written, so the tokens accrued since its last grant are still there.
-    /// A missing bucket is minted full. Two concurrent takes on one bucket serialise on its
-    /// row, so the last token is granted once.
-    ///
-    /// `now` is the caller's clock rather than the server's so that limiters driven by an
-    /// injected clock can test their refill and refusal branches without sleeping. A `now`
-    /// before the bucket's last refill refills nothing and leaves its timestamp alone.
+    /// [`Store::decide`] makes the same decision and says more about it.
     ///
     /// A zero cost is granted and a cost above the burst refused without a query.
     ///
@@ -91,131 +79,93 @@ impl Store {
         budget: Budget,
         now: DateTime<Utc>,
     ) -> Result<bool, Error> {
-        let spend = Spend { scope, key, cost, budget }.validate()?;
-        if let Some(decided) = spend.decided_without_query() {
-            return Ok(decided);
-        }
-        self.take_validated(spend, now).await
+        let limit = Limit::try_from(budget)?;
+        let decision = self.decide(Take::Single(Spend { scope, key, cost, limit }), now).await?;
+        Ok(decision.is_granted())
     }
 
-    /// Takes from two buckets all-or-nothing, in one round trip: both are debited or neither.
+    /// Decides `take` at the caller's `now`, in one round trip, and debits every bucket of it
+    /// or none.
     ///
-    /// This is for a request that spends two budgets, such as a secret read (the Node's and
-    /// its Domain's). Concurrent pairs and single takes on a shared bucket never overspend it.
-    /// When both buckets would refuse, the first is reported.
+    /// A missing bucket is minted full. Two concurrent takes on one bucket serialise on its
+    /// row, so the last token is granted once. A refusal writes nothing, so the tokens accrued
+    /// since the bucket's last grant are still there; one the statement's snapshot already
+    /// foresees does not even lock the row (docs/adr/0001).
     ///
-    /// A spend of zero cost is left out (it is granted), so a pair with one free side is a
-    /// single take. Naming one bucket twice takes both costs from it, which needs one budget.
+    /// `now` is the caller's clock rather than the server's so that limiters driven by an
+    /// injected clock can test their refill and refusal branches without sleeping. A `now`
+    /// before a bucket's last refill refills nothing and leaves its timestamp alone.
+    ///
+    /// Without a query: a spend of zero cost is granted (a pair with one free side is a single
+    /// take), and a cost above its burst is [`Decision::InsufficientCapacity`]. A pair naming
+    /// one bucket twice takes both costs from it, which needs one limit. When both buckets of
+    /// a pair would refuse, the first is reported.
     ///
     /// # Errors
-    /// As [`Store::take`], for either spend; [`Error::InvalidBudget`] also when one bucket is
-    /// named twice with two different budgets.
-    pub async fn take_pair(
-        &self,
-        first: Spend,
-        second: Spend,
-        now: DateTime<Utc>,
-    ) -> Result<PairDecision, Error> {
-        let first = first.validate()?;
-        let second = second.validate()?;
-        let granted_or = |refused, granted: bool| {
-            if granted {
-                PairDecision::Granted
-            } else {
-                refused
+    /// [`Error::ZeroKey`] or [`Error::NegativeCost`] before any query;
+    /// [`Error::InvalidBudget`] when one bucket is named twice with two different limits;
+    /// [`Error::Database`] when the database did not answer, which is never a refusal.
+    pub async fn decide(&self, take: Take, now: DateTime<Utc>) -> Result<Decision, Error> {
+        for (_, spend) in take.spends() {
+            spend.validate()?;
+        }
+        for (which, spend) in take.spends() {
+            if spend.never_fits() {
+                let (cost, burst) = (spend.cost, spend.limit.burst());
+                return Ok(Decision::InsufficientCapacity(InsufficientCapacity { which, cost, burst }));
             }
+        }
+        let (first, second) = match take {
+            Take::Single(spend) => return self.decide_single(spend, Which::First, now).await,
+            Take::Pair(first, second) => (first, second),
         };
-
         if (first.scope, first.key) == (second.scope, second.key) {
-            if first.budget != second.budget {
+            if first.limit != second.limit {
                 return Err(Error::InvalidBudget);
             }
             let both = Spend { cost: first.cost + second.cost, ..first };
-            let granted = match both.decided_without_query() {
-                Some(decided) => decided,
-                None => self.take_validated(both, now).await?,
-            };
-            return Ok(granted_or(PairDecision::FirstRefused, granted));
-        }
-
-        match (first.decided_without_query(), second.decided_without_query()) {
-            (Some(false), _) => return Ok(PairDecision::FirstRefused),
-            (_, Some(false)) => return Ok(PairDecision::SecondRefused),
-            (Some(true), Some(true)) => return Ok(PairDecision::Granted),
-            (Some(true), None) => {
-                let granted = self.take_validated(second, now).await?;
-                return Ok(granted_or(PairDecision::SecondRefused, granted));
+            if both.never_fits() {
+                let (cost, burst) = (both.cost, both.limit.burst());
+                let which = Which::First;
+                return Ok(Decision::InsufficientCapacity(InsufficientCapacity { which, cost, burst }));
             }
-            (None, Some(true)) => {
-                let granted = self.take_validated(first, now).await?;
-                return Ok(granted_or(PairDecision::FirstRefused, granted));
-            }
-            (None, None) => {}
+            return self.decide_single(both, Which::First, now).await;
         }
+        match (first.is_free(), second.is_free()) {
+            (true, true) => Ok(Decision::Granted(Grant::FREE)),
+            (false, true) => self.decide_single(first, Which::First, now).await,
+            (true, false) => self.decide_single(second, Which::Second, now).await,
+            (false, false) => self.decide_pair(first, second, now).await,
+        }
+    }
 
-        let mut lease = self.takes.lease().await?;
-        let outcome: i16 = sqlx::query(TAKE_PAIR)
-            .bind(first.scope.as_str())
-            .bind(first.key.as_uuid())
-            .bind(first.cost)
-            .bind(first.budget.per_second)
-            .bind(first.budget.burst)
-            .bind(second.scope.as_str())
-            .bind(second.key.as_uuid())
-            .bind(second.cost)
-            .bind(second.budget.per_second)
-            .bind(second.budget.burst)
-            .bind(now)
-            .fetch_one(lease.connection())
-            .await?
-            .try_get(0)?;
-        lease.release();
-        match outcome {
-            0 => Ok(PairDecision::Granted),
-            1 => Ok(PairDecision::FirstRefused),
-            2 => Ok(PairDecision::SecondRefused),
-            other => Err(Error::Database(sqlx::Error::Protocol(format!(
-                "take_rate_budget_pair returned {other}, expected 0, 1 or 2"
-            )))),
-        }
+    /// An idle sweep deleting every bucket last taken from before `before`, batch by batch.
+    pub fn sweep_idle(&self, before: DateTime<Utc>) -> IdleSweep<'_> {
+        IdleSweep { store: self, before, deleted: 0, done: false }
     }
 
     /// Deletes every bucket last taken from before `before` and returns how many it deleted.
     ///
-    /// An idle bucket has refilled to full, so deleting it is exactly what the next take would
-    /// mint; what this reclaims is the rows of Nodes and Domains that are gone. It deletes in
-    /// batches of [`Store::DELETE_IDLE_BATCH`] so no statement holds row locks for long, and
+    /// An idle bucket has refilled to full (every [`Limit`] refills within
+    /// [`IDLE_RETENTION`](crate::IDLE_RETENTION)), so deleting it is exactly what the next take
+    /// would mint; what this reclaims is the rows of Nodes and Domains that are gone. It
+    /// deletes in batches (see [`IdleSweep`]) so no statement holds row locks for long, and
     /// skips rows a take holds.
     ///
     /// # Errors
     /// [`Error::Database`] when a batch fails; the batches before it stay deleted.
     pub async fn delete_idle(&self, before: DateTime<Utc>) -> Result<u64, Error> {
-        let mut deleted = 0;
-        loop {
-            let batch = self.delete_idle_batch(before, Self::DELETE_IDLE_BATCH).await?;
-            deleted += batch;
-            if batch < Self::DELETE_IDLE_BATCH {
-                return Ok(deleted);
-            }
+        let mut sweep = self.sweep_idle(before);
+        while let Some(batch) = sweep.next_batch().await {
+            batch?;
         }
+        Ok(sweep.deleted())
     }
 
     /// How many idle rows one sweep statement deletes: small enough that no statement holds
     /// its row locks for long (BENCHMARKS.md has the figures), large enough that a million
     /// idle rows take a couple of hundred statements.
     pub const DELETE_IDLE_BATCH: u64 = 5_000;
-
-    /// Deletes at most `limit` buckets last taken from before `before`, in one statement, and
-    /// returns how many it deleted. [`Store::delete_idle`] repeats it until a batch comes back
-    /// short; a caller that wants to pace a sweep can drive it itself.
-    ///
-    /// # Errors
-    /// [`Error::Database`] when the database did not answer.
-    pub async fn delete_idle_batch(&self, before: DateTime<Utc>, limit: u64) -> Result<u64, Error> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let result = sqlx::query(DELETE_IDLE).bind(before).bind(limit).execute(&self.pool).await?;
-        Ok(result.rows_affected())
-    }
 
     /// Every bucket of `key`, across scopes, as stored (not refilled to now).
     ///
@@ -244,19 +194,134 @@ impl Store {
         self.takes.close().await;
     }
 
-    async fn take_validated(&self, spend: Spend, now: DateTime<Utc>) -> Result<bool, Error> {
+    async fn decide_single(&self, spend: Spend, which: Which, now: DateTime<Utc>) -> Result<Decision, Error> {
+        if spend.is_free() {
+            return Ok(Decision::Granted(Grant::FREE));
+        }
         let mut lease = self.takes.lease().await?;
-        let granted = sqlx::query(TAKE)
+        let row: Option<(bool, f64, DateTime<Utc>)> = sqlx::query_as(TAKE)
             .bind(spend.scope.as_str())
             .bind(spend.key.as_uuid())
             .bind(spend.cost)
-            .bind(spend.budget.per_second)
-            .bind(spend.budget.burst)
+            .bind(spend.limit.per_second())
+            .bind(spend.limit.burst())
+            .bind(now)
+            .fetch_optional(lease.connection())
+            .await?;
+        lease.release();
+        let decision = match row {
+            Some((true, tokens, refilled_at)) => {
+                let fill = Some(Fill { tokens, refilled_at });
+                let (first, second) = if which == Which::First { (fill, None) } else { (None, fill) };
+                Decision::Granted(Grant { first, second })
+            }
+            Some((false, tokens, refilled_at)) => {
+                refused(spend, which, Some(Fill { tokens, refilled_at }), now)
+            }
+            None => refused(spend, which, None, now),
+        };
+        Ok(decision)
+    }
+
+    async fn decide_pair(&self, first: Spend, second: Spend, now: DateTime<Utc>) -> Result<Decision, Error> {
+        let mut lease = self.takes.lease().await?;
+        let row: PairRow = sqlx::query_as(DECIDE_PAIR)
+            .bind(first.scope.as_str())
+            .bind(first.key.as_uuid())
+            .bind(first.cost)
+            .bind(first.limit.per_second())
+            .bind(first.limit.burst())
+            .bind(second.scope.as_str())
+            .bind(second.key.as_uuid())
+            .bind(second.cost)
+            .bind(second.limit.per_second())
+            .bind(second.limit.burst())
             .bind(now)
             .fetch_one(lease.connection())
-            .await?
-            .try_get(0)?;
+            .await?;
         lease.release();
-        Ok(granted)
+        let fill = |tokens: Option<f64>, refilled_at: Option<DateTime<Utc>>| {
+            Some(Fill { tokens: tokens?, refilled_at: refilled_at? })
+        };
+        let first_fill = fill(row.first_tokens, row.first_refilled_at);
+        let second_fill = fill(row.second_tokens, row.second_refilled_at);
+        match row.refused {
+            0 => Ok(Decision::Granted(Grant { first: first_fill, second: second_fill })),
+            1 => Ok(refused(first, Which::First, first_fill, now)),
+            2 => Ok(refused(second, Which::Second, second_fill, now)),
+            other => Err(Error::Database(sqlx::Error::Decode(
+                format!("decide_rate_budget_pair answered refused = {other}; this build knows 0, 1 and 2")
+                    .into(),
+            ))),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Decider for Store {
+    async fn decide(&self, take: Take, now: DateTime<Utc>) -> Result<Decision, Error> {
+        Store::decide(self, take, now).await
+    }
+}
+
+/// The refusal of `spend` by a bucket judged as `judged` (unknown when a concurrent take won
+/// under the lock: the wait is then bounded by an empty bucket's).
+fn refused(spend: Spend, which: Which, judged: Option<Fill>, now: DateTime<Utc>) -> Decision {
+    let basis = judged.unwrap_or(Fill { tokens: 0.0, refilled_at: now });
+    let retry_after = spend.limit.time_to_cover(basis, spend.cost, now);
+    Decision::Refused(Refusal { which, retry_after, judged })
+}
+
+/// The row `decide_rate_budget_pair` answers.
+#[derive(sqlx::FromRow)]
+struct PairRow {
+    refused: i16,
+    first_tokens: Option<f64>,
+    first_refilled_at: Option<DateTime<Utc>>,
+    second_tokens: Option<f64>,
+    second_refilled_at: Option<DateTime<Utc>>,
+}
+
+/// An idle sweep in progress: [`IdleSweep::next_batch`] deletes one batch of at most
+/// [`Store::DELETE_IDLE_BATCH`] buckets, until a batch comes back short.
+///
+/// This is the one sweep loop: [`Store::delete_idle`] runs it to the end, the service's
+/// leader runs it with a deadline per batch and stops between batches when it loses
+/// leadership, and the sweep benchmark times each batch.
+#[derive(Debug)]
+pub struct IdleSweep<'a> {
+    store: &'a Store,
+    before: DateTime<Utc>,
+    deleted: u64,
+    done: bool,
+}
+
+impl IdleSweep<'_> {
+    /// Deletes the next batch and returns how many buckets it deleted; `None` once a batch
+    /// came back short (or failed), which means every idle bucket is gone.
+    ///
+    /// A batch skips rows a take holds (`SKIP LOCKED`), so the sweep never waits on a take.
+    pub async fn next_batch(&mut self) -> Option<Result<u64, Error>> {
+        if self.done {
+            return None;
+        }
+        // Done unless this batch comes back full; a cancelled or failed batch ends the sweep.
+        self.done = true;
+        let limit = i64::try_from(Store::DELETE_IDLE_BATCH).unwrap_or(i64::MAX);
+        let result = sqlx::query(DELETE_IDLE).bind(self.before).bind(limit).execute(&self.store.pool).await;
+        Some(match result {
+            Ok(done) => {
+                let batch = done.rows_affected();
+                self.deleted += batch;
+                self.done = batch < Store::DELETE_IDLE_BATCH;
+                Ok(batch)
+            }
+            Err(error) => Err(Error::Database(error)),
+        })
+    }
+
+    /// How many buckets the sweep has deleted so far.
+    pub fn deleted(&self) -> u64 {
+        self.deleted
     }
 }

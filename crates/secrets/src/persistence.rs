@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use ratebudget::{Budget, Clock, PairDecision, Scope, Spend, Store};
+use ratebudget::{Clock, Decider, Decision, Limit, Refusal, Scope, Spend, Take, Which};
 use sqlx::PgPool;
 
 use crate::{
@@ -75,62 +75,64 @@ impl SecretRepository for PgSecretRepository {
 /// The read limiter on the shared rate budgets: one read costs one token from the Node's
 /// `secret_read_node` bucket and one from its Domain's `secret_read_domain` bucket.
 ///
-/// Both are taken in one [`Store::take_pair`] call, all-or-nothing (docs/adr/0002). Two
-/// separate takes would make a refusal cost the other budget: a Domain at its cap would
-/// still drain the Node's bucket for reads it never got, and a Node at its own cap would
-/// still spend its Domain's budget, starving the Domain's other Nodes. A refund after the
-/// fact could be skipped by a crash or a timeout between the two calls.
+/// Both are taken in one two-budget take, all-or-nothing (docs/adr/0002). Two separate takes
+/// would make a refusal cost the other budget: a Domain at its cap would still drain the
+/// Node's bucket for reads it never got, and a Node at its own cap would still spend its
+/// Domain's budget, starving the Domain's other Nodes. A refund after the fact could be
+/// skipped by a crash or a timeout between the two calls.
 ///
 /// `now` is read from the clock on every call, so tests drive refills with a
 /// [`ratebudget::ManualClock`]. Every [`ratebudget::Error`] is [`ReadLimitError::Unavailable`],
-/// validation errors included: they mean this adapter is misconfigured (an unusable budget) or
-/// was handed a zero id, and must never read as a refusal.
+/// validation errors included: they mean this adapter was handed a zero id, and must never
+/// read as a refusal. So is a read that no bucket could ever cover (a burst below one read),
+/// which is misconfiguration rather than a cap reached.
 #[derive(Clone, Debug)]
 pub struct RateBudgetReadLimiter {
-    store: Store,
+    decider: Arc<dyn Decider>,
     clock: Arc<dyn Clock>,
-    node_budget: Budget,
-    domain_budget: Budget,
+    node_limit: Limit,
+    domain_limit: Limit,
 }
 
 impl RateBudgetReadLimiter {
-    /// A limiter taking from `store` at `clock`'s now, sizing every Node's bucket by
-    /// `node_budget` and every Domain's by `domain_budget`.
+    /// A limiter deciding through `decider` at `clock`'s now, sizing every Node's bucket by
+    /// `node_limit` and every Domain's by `domain_limit`.
     pub fn new(
-        store: Store,
+        decider: Arc<dyn Decider>,
         clock: Arc<dyn Clock>,
-        node_budget: Budget,
-        domain_budget: Budget,
+        node_limit: Limit,
+        domain_limit: Limit,
     ) -> RateBudgetReadLimiter {
-        RateBudgetReadLimiter { store, clock, node_budget, domain_budget }
+        RateBudgetReadLimiter { decider, clock, node_limit, domain_limit }
     }
 }
 
 #[async_trait::async_trait]
 impl Limiter for RateBudgetReadLimiter {
     async fn spend_read(&self, reader: Reader) -> Result<(), ReadLimitError> {
-        // The Node's spend goes first, so `FirstRefused` names the Node.
+        // The Node's spend goes first, so `Which::First` names the Node.
         let node = Spend {
             scope: Scope::SecretReadNode,
             key: reader.node.as_uuid().into(),
             cost: READ_COST,
-            budget: self.node_budget,
+            limit: self.node_limit,
         };
         let domain = Spend {
             scope: Scope::SecretReadDomain,
             key: reader.domain.as_uuid().into(),
             cost: READ_COST,
-            budget: self.domain_budget,
+            limit: self.domain_limit,
         };
-        match self.store.take_pair(node, domain, self.clock.now()).await {
-            Ok(PairDecision::Granted) => Ok(()),
-            Ok(PairDecision::FirstRefused) => {
-                Err(ReadLimitError::NodeRateLimited { retry_after: self.node_budget.retry_after(READ_COST) })
+        let decision = self.decider.decide(Take::Pair(node, domain), self.clock.now()).await;
+        match decision.map_err(|error| ReadLimitError::Unavailable(error.into()))? {
+            Decision::Granted(_) => Ok(()),
+            Decision::Refused(Refusal { which: Which::First, retry_after, .. }) => {
+                Err(ReadLimitError::NodeRateLimited { retry_after })
             }
-            Ok(PairDecision::SecondRefused) => Err(ReadLimitError::DomainRateLimited {
-                retry_after: self.domain_budget.retry_after(READ_COST),
-            }),
-            Err(error) => Err(ReadLimitError::Unavailable(error.into())),
+            Decision::Refused(Refusal { which: Which::Second, retry_after, .. }) => {
+                Err(ReadLimitError::DomainRateLimited { retry_after })
+            }
+            Decision::InsufficientCapacity(never) => Err(ReadLimitError::Unavailable(never.into())),
         }
     }
 }

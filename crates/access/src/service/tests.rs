@@ -44,7 +44,7 @@ async fn an_enrolment_the_limiter_refuses_is_rate_limited_with_its_retry_after_a
         .times(1)
         .returning(|_, _| Err(IssuanceLimitError::RateLimited { retry_after: Duration::from_millis(2500) }));
 
-    let result = service(repository, limiter).enroll_node(domain.id, node_name()).await;
+    let result = service(repository, limiter).enrol_node(domain.id, node_name()).await;
 
     match result {
         Err(EnrolError::IssuanceRateLimited { retry_after }) => {
@@ -64,7 +64,7 @@ async fn a_limiter_that_cannot_answer_makes_enrolment_unavailable_not_refused() 
         .times(1)
         .returning(|_, _| Err(IssuanceLimitError::Unavailable("pool timed out".into())));
 
-    let result = service(repository, limiter).enroll_node(domain.id, node_name()).await;
+    let result = service(repository, limiter).enrol_node(domain.id, node_name()).await;
 
     let Err(EnrolError::Unavailable(error)) = result else {
         panic!("expected Unavailable, got {result:?}");
@@ -83,7 +83,7 @@ async fn an_unknown_domain_is_refused_without_spending_any_budget() {
     let mut limiter = MockLimiter::new();
     limiter.expect_spend_issuance().times(0);
 
-    let result = service(repository, limiter).enroll_node(unknown, node_name()).await;
+    let result = service(repository, limiter).enrol_node(unknown, node_name()).await;
 
     assert!(matches!(result, Err(EnrolError::UnknownDomain(id)) if id == unknown), "{result:?}");
 }
@@ -96,7 +96,7 @@ async fn a_store_that_cannot_find_the_domain_makes_enrolment_unavailable_without
     let mut limiter = MockLimiter::new();
     limiter.expect_spend_issuance().times(0);
 
-    let result = service(repository, limiter).enroll_node(DomainId::random(), node_name()).await;
+    let result = service(repository, limiter).enrol_node(DomainId::random(), node_name()).await;
 
     assert!(matches!(result, Err(EnrolError::Unavailable(_))), "{result:?}");
 }
@@ -114,7 +114,7 @@ async fn the_limiter_is_asked_with_the_domains_own_policy() {
         .times(1)
         .returning(|_, _| Ok(()));
 
-    service(repository, limiter).enroll_node(domain.id, node_name()).await.unwrap();
+    service(repository, limiter).enrol_node(domain.id, node_name()).await.unwrap();
 }
 
 #[tokio::test]
@@ -129,7 +129,7 @@ async fn the_limiter_is_asked_with_no_policy_when_the_domain_has_none() {
         .times(1)
         .returning(|_, _| Ok(()));
 
-    service(repository, limiter).enroll_node(domain.id, node_name()).await.unwrap();
+    service(repository, limiter).enrol_node(domain.id, node_name()).await.unwrap();
 }
 
 #[tokio::test]
@@ -147,7 +147,7 @@ async fn an_enrolment_stores_the_node_with_the_hash_of_the_token_it_returns() {
     let mut limiter = MockLimiter::new();
     limiter.expect_spend_issuance().times(1).returning(|_, _| Ok(()));
 
-    let enrolment = service(repository, limiter).enroll_node(domain.id, node_name()).await.unwrap();
+    let enrolment = service(repository, limiter).enrol_node(domain.id, node_name()).await.unwrap();
 
     assert_eq!(enrolment.node.domain_id, domain.id);
     assert_eq!(enrolment.node.name, node_name());
@@ -167,7 +167,7 @@ async fn a_store_that_cannot_insert_the_node_makes_enrolment_unavailable() {
     let mut limiter = MockLimiter::new();
     limiter.expect_spend_issuance().times(1).returning(|_, _| Ok(()));
 
-    let result = service(repository, limiter).enroll_node(domain.id, node_name()).await;
+    let result = service(repository, limiter).enrol_node(domain.id, node_name()).await;
 
     assert!(matches!(result, Err(EnrolError::Unavailable(_))), "{result:?}");
 }

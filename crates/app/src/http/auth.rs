@@ -65,21 +65,21 @@ impl FromRequestParts<AppState> for NodeCaller {
         // A malformed token is refused here, without a round trip.
         let token = access::NodeToken::parse(presented).map_err(|_| ApiError::Unauthorized)?;
         let hash = token.hash();
-        if let Some(node) = state.credentials.get(hash.as_bytes()) {
-            return Ok(NodeCaller(node));
-        }
-        match state.bounded("authenticating a node", state.access.authenticate(token.expose())).await? {
-            Ok(node) => {
+        let node = match state.credentials.get(hash.as_bytes()) {
+            Some(node) => node,
+            None => {
+                let node = state
+                    .bounded("authenticating a node", state.access.authenticate(token.expose()))
+                    .await??;
                 state.credentials.insert(*hash.as_bytes(), node);
-                Ok(NodeCaller(node))
+                node
             }
-            Err(access::AuthError::MalformedToken | access::AuthError::UnknownToken) => {
-                Err(ApiError::Unauthorized)
-            }
-            Err(error @ access::AuthError::Unavailable(_)) => {
-                Err(ApiError::internal("authenticating a node", &error))
-            }
-        }
+        };
+        // Every later line of this request's log names the caller.
+        let span = tracing::Span::current();
+        span.record("node_id", tracing::field::display(node.node_id));
+        span.record("domain_id", tracing::field::display(node.domain_id));
+        Ok(NodeCaller(node))
     }
 }
 

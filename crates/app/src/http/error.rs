@@ -1,9 +1,11 @@
 //! How every failure reaches a client: a status, a JSON body `{"error", "code"}`, and
-//! `Retry-After` on a refusal.
+//! `Retry-After` on a refusal; and how it reaches the log, once.
 //!
-//! A budget or database that cannot answer is a 500 whose cause goes to the log, never to the
-//! client, and never a 429: a 429 would tell a whole fleet to back off from a cap none of them
-//! reached.
+//! Context errors become [`ApiError`]s through `From` impls, so a handler says `?` and the
+//! mapping lives here, in one place. A budget or database that cannot answer is a 500 whose
+//! cause chain goes to the log (inside the request's span, so the line names the route, the
+//! request id and the caller), never to the client, and never a 429: a 429 would tell a whole
+//! fleet to back off from a cap none of them reached.
 
 use std::time::Duration;
 
@@ -12,11 +14,19 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 
+/// Any cause kept for the log.
+pub(super) type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// A request that did not succeed, as the client will see it.
 #[derive(Debug)]
 pub enum ApiError {
-    /// 400: malformed JSON, uuid or field.
-    BadRequest(String),
+    /// 400: malformed JSON, uuid, field or batch.
+    BadRequest {
+        /// The machine-readable code (`bad_request`, `empty_batch`).
+        code: &'static str,
+        /// What was wrong, for people.
+        message: String,
+    },
     /// 401: a missing or wrong bearer token.
     Unauthorized,
     /// 404: an unknown route, Domain or secret.
@@ -26,10 +36,12 @@ pub enum ApiError {
         /// What was not found.
         message: String,
     },
-    /// 413: a body over the configured limit.
+    /// 413: a body over a limit.
     PayloadTooLarge {
+        /// The machine-readable code (`payload_too_large`, `batch_larger_than_quota`).
+        code: &'static str,
         /// The limit, in bytes.
-        limit: usize,
+        limit: u64,
     },
     /// 429: a budget refused the request.
     RateLimited {
@@ -40,54 +52,91 @@ pub enum ApiError {
         /// How long until the refused cost could be covered.
         retry_after: Duration,
     },
-    /// 500: a budget or the database could not answer; the cause is already logged.
-    Internal,
+    /// 500: the database did not answer within the request's database time.
+    DatabaseTimeout {
+        /// What the request was doing.
+        during: &'static str,
+        /// The request's database time.
+        after: Duration,
+    },
+    /// 500: a budget or the database could not answer.
+    Internal(BoxError),
 }
 
 impl ApiError {
-    /// Logs `error` with its whole source chain and answers a generic 500.
-    pub fn internal(context: &'static str, error: &(dyn std::error::Error + 'static)) -> ApiError {
-        let mut chain = error.to_string();
-        let mut source = error.source();
-        while let Some(cause) = source {
-            chain.push_str(": ");
-            chain.push_str(&cause.to_string());
-            source = cause.source();
+    /// A 400 with the generic `bad_request` code.
+    pub fn bad_request(message: impl std::fmt::Display) -> ApiError {
+        ApiError::BadRequest { code: "bad_request", message: message.to_string() }
+    }
+
+    /// A 500 caused by `error`, whose source chain the log will show.
+    pub fn internal(error: impl std::error::Error + Send + Sync + 'static) -> ApiError {
+        ApiError::Internal(Box::new(error))
+    }
+
+    fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::DatabaseTimeout { .. } | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
-        tracing::error!(error = %chain, "{context}");
-        ApiError::Internal
     }
 }
 
+/// `error` and each of its sources, joined by `: `: the whole story on one line.
+pub fn cause_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut chain = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        chain.push_str(": ");
+        chain.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    chain
+}
+
+/// The body of every error response, built here and nowhere else.
 #[derive(Serialize)]
 struct ErrorBody<'a> {
+    /// For people.
     error: &'a str,
+    /// For programs.
     code: &'a str,
+}
+
+/// A JSON error response with `status`; the one way an error body is written.
+pub fn error_response(status: StatusCode, code: &str, message: &str) -> Response {
+    (status, Json(ErrorBody { error: message, code })).into_response()
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (status, code, message) = match &self {
-            ApiError::BadRequest(message) => (StatusCode::BAD_REQUEST, "bad_request", message.clone()),
-            ApiError::Unauthorized => {
-                (StatusCode::UNAUTHORIZED, "unauthorized", "missing or invalid bearer token".to_owned())
+        let status = self.status();
+        let (code, message): (&str, String) = match &self {
+            ApiError::BadRequest { code, message } => (code, message.clone()),
+            ApiError::Unauthorized => ("unauthorized", "missing or invalid bearer token".to_owned()),
+            ApiError::NotFound { code, message } => (code, message.clone()),
+            ApiError::PayloadTooLarge { code, limit } => {
+                (code, format!("the body is larger than the limit of {limit} bytes"))
             }
-            ApiError::NotFound { code, message } => (StatusCode::NOT_FOUND, *code, message.clone()),
-            ApiError::PayloadTooLarge { limit } => (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                format!("the body is larger than the limit of {limit} bytes"),
-            ),
-            ApiError::RateLimited { code, message, .. } => {
-                (StatusCode::TOO_MANY_REQUESTS, *code, (*message).to_owned())
+            ApiError::RateLimited { code, message, .. } => (code, (*message).to_owned()),
+            ApiError::DatabaseTimeout { during, after } => {
+                tracing::error!(
+                    during,
+                    timeout_ms = after.as_millis() as u64,
+                    "request failed: the database did not answer in time"
+                );
+                ("internal", "the service could not answer; try again".to_owned())
             }
-            ApiError::Internal => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "the service could not answer; try again".to_owned(),
-            ),
+            ApiError::Internal(cause) => {
+                tracing::error!(error = %cause_chain(cause.as_ref()), "request failed");
+                ("internal", "the service could not answer; try again".to_owned())
+            }
         };
-        let mut response = (status, Json(ErrorBody { error: &message, code })).into_response();
+        let mut response = error_response(status, code, &message);
         if status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
@@ -105,6 +154,118 @@ impl IntoResponse for ApiError {
 pub fn retry_after_seconds(retry_after: Duration) -> u64 {
     let whole = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
     whole.max(1)
+}
+
+impl From<secrets::ReadError> for ApiError {
+    fn from(error: secrets::ReadError) -> Self {
+        match error {
+            secrets::ReadError::NotFound => ApiError::NotFound {
+                code: "unknown_secret",
+                message: "no such secret in this node's domain".into(),
+            },
+            secrets::ReadError::NodeRateLimited { retry_after } => ApiError::RateLimited {
+                code: "node_secret_read_rate_limited",
+                message: "this node's secret-read budget is spent",
+                retry_after,
+            },
+            secrets::ReadError::DomainRateLimited { retry_after } => ApiError::RateLimited {
+                code: "domain_secret_read_rate_limited",
+                message: "this domain's secret-read budget is spent",
+                retry_after,
+            },
+            unavailable @ secrets::ReadError::Unavailable(_) => ApiError::internal(unavailable),
+        }
+    }
+}
+
+impl From<secrets::WriteError> for ApiError {
+    fn from(error: secrets::WriteError) -> Self {
+        ApiError::internal(error)
+    }
+}
+
+impl From<ingest::IngestError> for ApiError {
+    fn from(error: ingest::IngestError) -> Self {
+        use ingest::{IngestError, Quota};
+        match error {
+            IngestError::EmptyBatch => ApiError::BadRequest {
+                code: "empty_batch",
+                message: "a batch must hold at least one byte".into(),
+            },
+            IngestError::QuotaExceeded { quota: Quota::Node, retry_after } => ApiError::RateLimited {
+                code: "node_ingest_quota_exceeded",
+                message: "this node's ingest quota is spent",
+                retry_after,
+            },
+            IngestError::QuotaExceeded { quota: Quota::Domain, retry_after } => ApiError::RateLimited {
+                code: "domain_ingest_quota_exceeded",
+                message: "this domain's ingest quota is spent",
+                retry_after,
+            },
+            IngestError::LargerThanQuota { burst, .. } => {
+                ApiError::PayloadTooLarge { code: "batch_larger_than_quota", limit: burst }
+            }
+            unavailable @ IngestError::Unavailable(_) => ApiError::internal(unavailable),
+        }
+    }
+}
+
+impl From<access::EnrolError> for ApiError {
+    fn from(error: access::EnrolError) -> Self {
+        match error {
+            access::EnrolError::UnknownDomain(id) => unknown_domain(id.as_uuid()),
+            access::EnrolError::IssuanceRateLimited { retry_after } => ApiError::RateLimited {
+                code: "issuance_rate_limited",
+                message: "the domain's credential issuance budget is spent",
+                retry_after,
+            },
+            unavailable @ access::EnrolError::Unavailable(_) => ApiError::internal(unavailable),
+        }
+    }
+}
+
+impl From<access::CreateDomainError> for ApiError {
+    fn from(error: access::CreateDomainError) -> Self {
+        ApiError::internal(error)
+    }
+}
+
+impl From<access::RepositoryError> for ApiError {
+    fn from(error: access::RepositoryError) -> Self {
+        ApiError::internal(error)
+    }
+}
+
+impl From<access::AuthError> for ApiError {
+    fn from(error: access::AuthError) -> Self {
+        match error {
+            access::AuthError::MalformedToken | access::AuthError::UnknownToken => ApiError::Unauthorized,
+            unavailable @ access::AuthError::Unavailable(_) => ApiError::internal(unavailable),
+        }
+    }
+}
+
+impl From<access::InvalidInput> for ApiError {
+    fn from(error: access::InvalidInput) -> Self {
+        ApiError::bad_request(error)
+    }
+}
+
+impl From<secrets::InvalidInput> for ApiError {
+    fn from(error: secrets::InvalidInput) -> Self {
+        ApiError::bad_request(error)
+    }
+}
+
+impl From<ratebudget::Error> for ApiError {
+    fn from(error: ratebudget::Error) -> Self {
+        ApiError::internal(error)
+    }
+}
+
+/// The 404 for a Domain id that names no Domain.
+pub(super) fn unknown_domain(id: uuid::Uuid) -> ApiError {
+    ApiError::NotFound { code: "unknown_domain", message: format!("no domain {id}") }
 }
 
 #[cfg(test)]

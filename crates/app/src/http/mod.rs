@@ -13,15 +13,19 @@ use std::cell::Cell;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, MatchedPath, Path, Request, State};
+use axum::http::request::Parts;
+use axum::http::HeaderName;
 use axum::middleware::Next;
 use axum::response::Response;
 use axum::routing::{get, post, put};
 use axum::Router;
 use sqlx::PgPool;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
 pub use auth::{CredentialCache, OperatorToken};
-pub use error::{retry_after_seconds, ApiError};
+pub use error::{cause_chain, error_response, retry_after_seconds, ApiError};
 
 use crate::metrics::Metrics;
 
@@ -67,18 +71,16 @@ impl AppState {
     /// the database longer than that. Time spent receiving a body does not count. The pool's
     /// acquire timeout bounds waiting for a connection; this bounds everything after it too,
     /// such as a statement stuck behind a lock or a network that went silent.
-    pub async fn bounded<T>(&self, what: &'static str, call: impl Future<Output = T>) -> Result<T, ApiError> {
+    pub async fn bounded<T>(
+        &self,
+        during: &'static str,
+        call: impl Future<Output = T>,
+    ) -> Result<T, ApiError> {
         let left = DATABASE_TIME_LEFT.try_with(Cell::get).unwrap_or(self.database_timeout);
         let started = Instant::now();
         let outcome = tokio::time::timeout(left, call).await;
         let _ = DATABASE_TIME_LEFT.try_with(|time| time.set(left.saturating_sub(started.elapsed())));
-        outcome.map_err(|_| {
-            tracing::error!(
-                timeout_ms = self.database_timeout.as_millis() as u64,
-                "{what}: the database did not answer in time"
-            );
-            ApiError::Internal
-        })
+        outcome.map_err(|_| ApiError::DatabaseTimeout { during, after: self.database_timeout })
     }
 }
 
@@ -87,12 +89,32 @@ async fn database_time(State(state): State<AppState>, request: Request, next: Ne
     DATABASE_TIME_LEFT.scope(Cell::new(state.database_timeout), next.run(request)).await
 }
 
+/// The request id header: taken from the client when it sends one, made up otherwise, and
+/// echoed in the response so a client can quote it.
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The span every request runs in. Every log line of a request carries its fields: the route
+/// (the pattern, not the path, so ids and secret names stay out of it), the request id, and
+/// the Node and Domain once the caller is authenticated.
+fn request_span(request: &Request) -> tracing::Span {
+    let route = request.extensions().get::<MatchedPath>().map_or("<no route>", MatchedPath::as_str);
+    let request_id = request.headers().get(&REQUEST_ID).and_then(|id| id.to_str().ok()).unwrap_or_default();
+    tracing::info_span!(
+        "request",
+        method = %request.method(),
+        route,
+        request_id,
+        node_id = tracing::field::Empty,
+        domain_id = tracing::field::Empty,
+    )
+}
+
 /// Every route of the API.
 pub fn router(state: AppState) -> Router {
     let max_batch = state.ingest_max_batch_bytes;
     Router::new()
         .route("/v1/domains", post(operator::create_domain))
-        .route("/v1/domains/{domain_id}/nodes", post(operator::enroll_node))
+        .route("/v1/domains/{domain_id}/nodes", post(operator::enrol_node))
         .route("/v1/domains/{domain_id}/secrets/{name}", put(operator::put_secret))
         .route("/v1/budgets/{key}", get(operator::show_budgets))
         .layer(DefaultBodyLimit::max(OPERATOR_BODY_LIMIT))
@@ -104,13 +126,45 @@ pub fn router(state: AppState) -> Router {
         .fallback(probes::not_found)
         .method_not_allowed_fallback(probes::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), database_time))
+        // A failure is logged once, where it becomes a response (error.rs), so the trace
+        // layer only opens the span and logs each response at debug level.
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(request_span)
+                .on_request(())
+                .on_response(DefaultOnResponse::new().level(tracing::Level::DEBUG))
+                .on_failure(()),
+        )
+        .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+        .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
         .with_state(state)
+}
+
+/// A path's parameters, with a JSON 400 (instead of axum's plain-text rejection) when they do
+/// not decode, such as a segment that is not valid percent-encoded UTF-8.
+pub(super) struct PathParams<T>(pub(super) T);
+
+impl<T, S> FromRequestParts<S> for PathParams<T>
+where
+    T: serde::de::DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(params)) => Ok(PathParams(params)),
+            Err(rejection) => {
+                Err(ApiError::bad_request(format!("unreadable path: {}", rejection.body_text())))
+            }
+        }
+    }
 }
 
 /// Parses a uuid from a path segment, or answers 400 naming the segment.
 fn parse_uuid(segment: &str, what: &str) -> Result<uuid::Uuid, ApiError> {
     uuid::Uuid::parse_str(segment)
-        .map_err(|_| ApiError::BadRequest(format!("{what} is not a uuid: {segment:?}")))
+        .map_err(|_| ApiError::bad_request(format!("{what} is not a uuid: {segment:?}")))
 }
 
 /// Parses a JSON body, answering 400 for anything malformed and 413 for a body over the limit.
@@ -120,7 +174,7 @@ fn parse_json<T: serde::de::DeserializeOwned>(
 ) -> Result<T, ApiError> {
     let body = read_body(body, limit)?;
     serde_json::from_slice(&body)
-        .map_err(|error| ApiError::BadRequest(format!("malformed JSON body: {error}")))
+        .map_err(|error| ApiError::bad_request(format!("malformed JSON body: {error}")))
 }
 
 fn read_body(
@@ -129,9 +183,9 @@ fn read_body(
 ) -> Result<axum::body::Bytes, ApiError> {
     body.map_err(|rejection| {
         if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::PayloadTooLarge { limit }
+            ApiError::PayloadTooLarge { code: "payload_too_large", limit: limit as u64 }
         } else {
-            ApiError::BadRequest(format!("unreadable body: {rejection}"))
+            ApiError::bad_request(format!("unreadable body: {rejection}"))
         }
     })
 }

@@ -2,14 +2,14 @@
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 
 use super::auth::NodeCaller;
-use super::{read_body, ApiError, AppState};
+use super::{read_body, ApiError, AppState, PathParams};
 
 #[derive(Serialize)]
 struct SecretBody<'a> {
@@ -21,31 +21,12 @@ struct SecretBody<'a> {
 pub(super) async fn read_secret(
     NodeCaller(node): NodeCaller,
     State(state): State<AppState>,
-    Path(name): Path<String>,
+    PathParams(name): PathParams<String>,
 ) -> Result<Response, ApiError> {
-    let name = secrets::SecretName::parse(name).map_err(|error| ApiError::BadRequest(error.to_string()))?;
+    let name = secrets::SecretName::parse(name)?;
     let reader =
         secrets::Reader { node: node.node_id.as_uuid().into(), domain: node.domain_id.as_uuid().into() };
-    let secret =
-        state.bounded("reading a secret", state.secrets.read(reader, &name)).await?.map_err(|error| {
-            match error {
-                secrets::ReadError::NotFound => ApiError::NotFound {
-                    code: "unknown_secret",
-                    message: format!("no secret {:?}", name.as_str()),
-                },
-                secrets::ReadError::NodeRateLimited { retry_after } => ApiError::RateLimited {
-                    code: "node_secret_read_rate_limited",
-                    message: "this node's secret-read budget is spent",
-                    retry_after,
-                },
-                secrets::ReadError::DomainRateLimited { retry_after } => ApiError::RateLimited {
-                    code: "domain_secret_read_rate_limited",
-                    message: "this domain's secret-read budget is spent",
-                    retry_after,
-                },
-                error @ secrets::ReadError::Unavailable(_) => ApiError::internal("reading a secret", &error),
-            }
-        })?;
+    let secret = state.bounded("reading a secret", state.secrets.read(reader, &name)).await??;
     Ok(Json(SecretBody { name: secret.name.as_str(), value: secret.value.expose() }).into_response())
 }
 
@@ -65,20 +46,6 @@ pub(super) async fn ingest(
     let payload = read_body(body, state.ingest_max_batch_bytes)?;
     let sender =
         ingest::Sender { node: node.node_id.as_uuid().into(), domain: node.domain_id.as_uuid().into() };
-    let id = state.bounded("ingesting a batch", state.ingest.accept(sender, &payload)).await?.map_err(
-        |error| match error {
-            ingest::IngestError::NodeQuotaExceeded { retry_after } => ApiError::RateLimited {
-                code: "node_ingest_quota_exceeded",
-                message: "this node's ingest quota is spent",
-                retry_after,
-            },
-            ingest::IngestError::DomainQuotaExceeded { retry_after } => ApiError::RateLimited {
-                code: "domain_ingest_quota_exceeded",
-                message: "this domain's ingest quota is spent",
-                retry_after,
-            },
-            error @ ingest::IngestError::Unavailable(_) => ApiError::internal("ingesting a batch", &error),
-        },
-    )?;
+    let id = state.bounded("ingesting a batch", state.ingest.accept(sender, &payload)).await??;
     Ok((StatusCode::ACCEPTED, Json(AcceptedBody { id: id.as_uuid(), bytes: payload.len() })).into_response())
 }

@@ -2,14 +2,15 @@
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::auth::Operator;
-use super::{parse_json, parse_uuid, ApiError, AppState, OPERATOR_BODY_LIMIT};
+use super::error::unknown_domain;
+use super::{parse_json, parse_uuid, ApiError, AppState, PathParams, OPERATOR_BODY_LIMIT};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -29,28 +30,29 @@ struct DomainBody {
 
 impl CreateDomain {
     fn try_into_domain(self) -> Result<access::NewDomain, ApiError> {
-        let name = access::DomainName::parse(self.name).map_err(bad_input)?;
+        let name = access::DomainName::parse(self.name)?;
         let issuance_policy = match (self.issuance_per_second, self.issuance_burst) {
             (None, None) => None,
             (Some(per_second), Some(burst)) => {
-                Some(access::IssuancePolicy::new(per_second, burst).map_err(bad_input)?)
+                // The policy sizes a rate budget, so the store's rules apply as well as the
+                // access context's (an hour to refill at most, arithmetic that stays finite);
+                // the table's CHECK holds the same comparisons, so a policy that passes here
+                // is stored.
+                ratebudget::Limit::new(per_second, burst).map_err(|invalid| {
+                    ApiError::bad_request(format!("invalid issuance_{}: {}", invalid.field, invalid.reason))
+                })?;
+                Some(access::IssuancePolicy::new(per_second, burst).map_err(|invalid| {
+                    ApiError::bad_request(format!("invalid issuance_{}: {}", invalid.field, invalid.reason))
+                })?)
             }
             _ => {
-                return Err(ApiError::BadRequest(
-                    "issuance_per_second and issuance_burst go together: give both or neither".into(),
+                return Err(ApiError::bad_request(
+                    "issuance_per_second and issuance_burst go together: give both or neither",
                 ))
             }
         };
         Ok(access::NewDomain { name, issuance_policy })
     }
-}
-
-fn bad_input(error: impl std::fmt::Display) -> ApiError {
-    ApiError::BadRequest(error.to_string())
-}
-
-fn unknown_domain(id: uuid::Uuid) -> ApiError {
-    ApiError::NotFound { code: "unknown_domain", message: format!("no domain {id}") }
 }
 
 /// `POST /v1/domains`
@@ -60,10 +62,7 @@ pub(super) async fn create_domain(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let new_domain = parse_json::<CreateDomain>(body, OPERATOR_BODY_LIMIT)?.try_into_domain()?;
-    let domain = state
-        .bounded("creating a domain", state.access.create_domain(new_domain))
-        .await?
-        .map_err(|error| ApiError::internal("creating a domain", &error))?;
+    let domain = state.bounded("creating a domain", state.access.create_domain(new_domain)).await??;
     let body = DomainBody {
         id: domain.id.as_uuid(),
         name: domain.name.as_str().to_owned(),
@@ -75,7 +74,7 @@ pub(super) async fn create_domain(
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct EnrollNode {
+pub(super) struct EnrolNode {
     name: String,
 }
 
@@ -89,27 +88,17 @@ struct EnrolmentBody {
 }
 
 /// `POST /v1/domains/{domain_id}/nodes`
-pub(super) async fn enroll_node(
+pub(super) async fn enrol_node(
     _: Operator,
     State(state): State<AppState>,
-    Path(domain_id): Path<String>,
+    PathParams(domain_id): PathParams<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let domain_id = parse_uuid(&domain_id, "domain_id")?;
-    let request: EnrollNode = parse_json(body, OPERATOR_BODY_LIMIT)?;
-    let name = access::NodeName::parse(request.name).map_err(bad_input)?;
-    let enrolment = state
-        .bounded("enrolling a node", state.access.enroll_node(domain_id.into(), name))
-        .await?
-        .map_err(|error| match error {
-            access::EnrolError::UnknownDomain(_) => unknown_domain(domain_id),
-            access::EnrolError::IssuanceRateLimited { retry_after } => ApiError::RateLimited {
-                code: "issuance_rate_limited",
-                message: "the domain's credential issuance budget is spent",
-                retry_after,
-            },
-            error @ access::EnrolError::Unavailable(_) => ApiError::internal("enrolling a node", &error),
-        })?;
+    let request: EnrolNode = parse_json(body, OPERATOR_BODY_LIMIT)?;
+    let name = access::NodeName::parse(request.name)?;
+    let enrolment =
+        state.bounded("enrolling a node", state.access.enrol_node(domain_id.into(), name)).await??;
     let body = EnrolmentBody {
         id: enrolment.node.id.as_uuid(),
         domain_id: enrolment.node.domain_id.as_uuid(),
@@ -129,26 +118,20 @@ pub(super) struct PutSecret {
 pub(super) async fn put_secret(
     _: Operator,
     State(state): State<AppState>,
-    Path((domain_id, name)): Path<(String, String)>,
+    PathParams((domain_id, name)): PathParams<(String, String)>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<StatusCode, ApiError> {
     let domain_id = parse_uuid(&domain_id, "domain_id")?;
-    let name = secrets::SecretName::parse(name).map_err(bad_input)?;
+    let name = secrets::SecretName::parse(name)?;
     let request: PutSecret = parse_json(body, OPERATOR_BODY_LIMIT)?;
-    let value = secrets::SecretValue::new(request.value).map_err(bad_input)?;
+    let value = secrets::SecretValue::new(request.value)?;
     // Domains belong to the access context; the secrets context trusts its caller to have
     // checked, so a secret never lands under a Domain that does not exist.
-    let domain = state
-        .bounded("looking up a domain", state.access.find_domain(domain_id.into()))
-        .await?
-        .map_err(|error| ApiError::internal("looking up a domain", &error))?;
+    let domain = state.bounded("looking up a domain", state.access.find_domain(domain_id.into())).await??;
     if domain.is_none() {
         return Err(unknown_domain(domain_id));
     }
-    state
-        .bounded("writing a secret", state.secrets.write(domain_id.into(), name, value))
-        .await?
-        .map_err(|error| ApiError::internal("writing a secret", &error))?;
+    state.bounded("writing a secret", state.secrets.write(domain_id.into(), name, value)).await??;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -163,13 +146,10 @@ pub(super) struct BucketBody {
 pub(super) async fn show_budgets(
     _: Operator,
     State(state): State<AppState>,
-    Path(key): Path<String>,
+    PathParams(key): PathParams<String>,
 ) -> Result<Json<Vec<BucketBody>>, ApiError> {
     let key = parse_uuid(&key, "key")?;
-    let buckets = state
-        .bounded("reading budgets", state.budgets.buckets(key.into()))
-        .await?
-        .map_err(|error| ApiError::internal("reading budgets", &error))?;
+    let buckets = state.bounded("reading budgets", state.budgets.buckets(key.into())).await??;
     let body = buckets
         .into_iter()
         .map(|bucket| BucketBody {

@@ -6,7 +6,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use super::{ApiError, AppState};
+use super::{error_response, ApiError, AppState};
 
 /// `GET /healthz`: the process answers. It does not ask the database, so an orchestrator does
 /// not restart every replica during a database outage that a restart cannot fix.
@@ -27,8 +27,7 @@ pub(super) async fn readyz(State(state): State<AppState>) -> Response {
 
 fn not_ready(cause: &str) -> Response {
     tracing::warn!(cause, "not ready: the database does not answer");
-    let body = json!({ "error": "the database does not answer", "code": "not_ready" });
-    (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+    error_response(StatusCode::SERVICE_UNAVAILABLE, "not_ready", "the database does not answer")
 }
 
 /// `GET /metrics`: the OpenMetrics text Prometheus scrapes.
@@ -42,6 +41,5 @@ pub(super) async fn not_found() -> ApiError {
 }
 
 pub(super) async fn method_not_allowed() -> Response {
-    let body = json!({ "error": "method not allowed on this route", "code": "method_not_allowed" });
-    (StatusCode::METHOD_NOT_ALLOWED, Json(body)).into_response()
+    error_response(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed on this route")
 }

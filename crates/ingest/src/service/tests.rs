@@ -6,7 +6,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use crate::ports::{MockBatchRepository, MockLimiter};
-use crate::{IngestError, IngestService, QuotaError, RepositoryError, Sender};
+use crate::{IngestError, IngestService, Quota, QuotaError, RepositoryError, Sender};
 
 fn sender() -> Sender {
     Sender { node: Uuid::new_v4().into(), domain: Uuid::new_v4().into() }
@@ -62,28 +62,39 @@ async fn the_limiter_is_asked_for_exactly_the_payloads_length_and_the_batch_is_s
 
 #[tokio::test]
 async fn a_node_refusal_is_node_quota_exceeded_with_its_retry_after_and_stores_nothing() {
-    let limiter =
-        limiter_answering(|| Err(QuotaError::NodeQuotaExceeded { retry_after: Duration::from_millis(2500) }));
+    let limiter = limiter_answering(|| {
+        Err(QuotaError::Exceeded { quota: Quota::Node, retry_after: Duration::from_millis(2500) })
+    });
 
     let error = service(storing_nothing(), limiter).accept(sender(), b"cpu=0.5").await.unwrap_err();
 
     assert!(
-        matches!(error, IngestError::NodeQuotaExceeded { retry_after } if retry_after == Duration::from_millis(2500)),
+        matches!(error, IngestError::QuotaExceeded { quota: Quota::Node, retry_after } if retry_after == Duration::from_millis(2500)),
         "{error:?}"
     );
 }
 
 #[tokio::test]
 async fn a_domain_refusal_is_domain_quota_exceeded_with_its_retry_after_and_stores_nothing() {
-    let limiter =
-        limiter_answering(|| Err(QuotaError::DomainQuotaExceeded { retry_after: Duration::from_secs(4) }));
+    let limiter = limiter_answering(|| {
+        Err(QuotaError::Exceeded { quota: Quota::Domain, retry_after: Duration::from_secs(4) })
+    });
 
     let error = service(storing_nothing(), limiter).accept(sender(), b"cpu=0.5").await.unwrap_err();
 
     assert!(
-        matches!(error, IngestError::DomainQuotaExceeded { retry_after } if retry_after == Duration::from_secs(4)),
+        matches!(error, IngestError::QuotaExceeded { quota: Quota::Domain, retry_after } if retry_after == Duration::from_secs(4)),
         "{error:?}"
     );
+}
+
+#[tokio::test]
+async fn a_batch_larger_than_a_quota_is_never_admitted_and_stores_nothing() {
+    let limiter = limiter_answering(|| Err(QuotaError::LargerThanQuota { quota: Quota::Domain, burst: 4 }));
+
+    let error = service(storing_nothing(), limiter).accept(sender(), b"cpu=0.5").await.unwrap_err();
+
+    assert!(matches!(error, IngestError::LargerThanQuota { quota: Quota::Domain, burst: 4 }), "{error:?}");
 }
 
 #[tokio::test]
@@ -100,15 +111,13 @@ async fn a_limiter_that_cannot_answer_is_unavailable_and_stores_nothing() {
 }
 
 #[tokio::test]
-async fn a_zero_byte_batch_costs_nothing_and_is_still_stored() {
+async fn an_empty_batch_is_refused_as_bad_input_and_neither_spends_nor_stores() {
     let mut limiter = MockLimiter::new();
     limiter.expect_spend_bytes().times(0);
-    let (repository, stored) = storing_one();
-    let from = sender();
 
-    let id = service(repository, limiter).accept(from, b"").await.unwrap();
+    let error = service(storing_nothing(), limiter).accept(sender(), b"").await.unwrap_err();
 
-    assert_eq!(*stored.lock().unwrap(), vec![(id, from, Vec::new())]);
+    assert!(matches!(error, IngestError::EmptyBatch), "{error:?}");
 }
 
 #[tokio::test]

@@ -1,11 +1,10 @@
 //! Replicas of the real application, started in-process on a test's database, and a small
 //! HTTP client to talk to them over their sockets.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use app::config::{self, Config};
+use app::config::{self, Config, Knobs};
 use app::leader::{LeaderTiming, Leadership};
 use app::startup::{Application, Wiring};
 use ratebudget::Clock;
@@ -26,20 +25,15 @@ pub(crate) const FAST_LEADER: LeaderTiming = LeaderTiming {
 
 /// A configuration as `serve` would read it, on `database`, with `knobs` set on top.
 pub(crate) fn config(database: &PgConnectOptions, knobs: &[(&str, &str)]) -> Config {
-    let mut vars: HashMap<String, String> = [
+    let base = [
         // Parsed and then replaced by the test's own database below.
         (config::DATABASE_URL, "postgres://postgres@127.0.0.1:5432/postgres"),
         (config::OPERATOR_TOKEN, OPERATOR_TOKEN),
         (config::LISTEN, "127.0.0.1:0"),
         (config::DATABASE_TIMEOUT_MS, "1000"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-    .collect();
-    for (knob, value) in knobs {
-        vars.insert((*knob).to_owned(), (*value).to_owned());
-    }
-    let mut config = Config::from_vars(&vars).unwrap();
+    ];
+    let knobs = Knobs::from_pairs(base.iter().chain(knobs).copied()).unwrap();
+    let mut config = Config::from_knobs(&knobs).unwrap();
     config.database = database.clone();
     config
 }
@@ -138,7 +132,7 @@ impl Replica {
     }
 
     /// Enrols a Node in `domain` and returns (node id, token).
-    pub(crate) async fn enroll(&self, domain: &str, name: &str) -> (String, String) {
+    pub(crate) async fn enrol(&self, domain: &str, name: &str) -> (String, String) {
         let path = format!("/v1/domains/{domain}/nodes");
         let answer = self.operator(Method::POST, &path, Some(serde_json::json!({ "name": name }))).await;
         assert_eq!(answer.status, StatusCode::CREATED, "{answer:?}");

@@ -1,0 +1,129 @@
+//! What a take answers: granted, refused for now, or never possible.
+//!
+//! One type for a single take and a two-budget take alike, so that every caller reads the
+//! same answer and none recomputes it. Modelled on governor's split between "not now, but at
+//! this instant" (`NotUntil`) and "never" (`InsufficientCapacity`): a refusal carries how long
+//! until the refused cost could be covered, and a cost above the burst is its own answer
+//! rather than a refusal with an invented wait.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use crate::{Error, Fill, Spend};
+
+/// One take: a spend from one bucket, or from two all-or-nothing.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Take {
+    /// One bucket.
+    Single(Spend),
+    /// Two buckets, both debited or neither; [`Which::First`] is reported when both refuse.
+    Pair(Spend, Spend),
+}
+
+impl Take {
+    /// The spend `which` names, if this take has it.
+    pub fn spend(&self, which: Which) -> Option<Spend> {
+        match (self, which) {
+            (Take::Single(spend) | Take::Pair(spend, _), Which::First) => Some(*spend),
+            (Take::Pair(_, spend), Which::Second) => Some(*spend),
+            (Take::Single(_), Which::Second) => None,
+        }
+    }
+
+    /// Each spend with its position.
+    pub fn spends(&self) -> impl Iterator<Item = (Which, Spend)> + '_ {
+        [Which::First, Which::Second].into_iter().filter_map(|which| Some((which, self.spend(which)?)))
+    }
+}
+
+/// Which spend of a [`Take`] an answer is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Which {
+    /// The single spend, or the first of a pair.
+    First,
+    /// The second of a pair.
+    Second,
+}
+
+/// What a take decided.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Decision {
+    /// Every bucket covered its cost and was debited.
+    Granted(Grant),
+    /// A bucket could not cover its cost now; nothing was debited or written.
+    Refused(Refusal),
+    /// A cost is above its bucket's burst, so no wait will ever cover it; nothing was written.
+    InsufficientCapacity(InsufficientCapacity),
+}
+
+impl Decision {
+    /// Whether the take was granted.
+    pub fn is_granted(&self) -> bool {
+        matches!(self, Decision::Granted(_))
+    }
+}
+
+/// What a grant left in each bucket.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Grant {
+    pub(crate) first: Option<Fill>,
+    pub(crate) second: Option<Fill>,
+}
+
+impl Grant {
+    /// A grant that looked at no bucket (every cost was zero).
+    pub(crate) const FREE: Grant = Grant { first: None, second: None };
+
+    /// The bucket `which` right after the debit: `tokens` is what is left at the decision's
+    /// instant. `None` for a spend of zero cost, which is granted without looking at its bucket.
+    pub fn remaining(&self, which: Which) -> Option<Fill> {
+        match which {
+            Which::First => self.first,
+            Which::Second => self.second,
+        }
+    }
+}
+
+/// A refusal: which bucket, and when it could cover the cost.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Refusal {
+    /// The bucket that refused.
+    pub which: Which,
+    /// How long until the refused bucket covers the cost if nobody else spends from it: a
+    /// caller that waits exactly this long is admitted then.
+    pub retry_after: Duration,
+    /// The bucket as the refusal judged it. `None` when a concurrent take won the last tokens
+    /// under the row lock, so the level is known only to be below the cost; `retry_after` is
+    /// then the time an empty bucket takes to cover it, which bounds the wait.
+    pub judged: Option<Fill>,
+}
+
+/// A cost no bucket of its budget can ever cover.
+#[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
+#[error("a cost of {cost} can never be covered by a bucket of burst {burst}")]
+pub struct InsufficientCapacity {
+    /// The bucket whose burst is too small.
+    pub which: Which,
+    /// What was asked for.
+    pub cost: f64,
+    /// The most that bucket ever holds.
+    pub burst: f64,
+}
+
+/// Anything that decides takes: the shared store, or a layer in front of it.
+///
+/// Implementations MUST return `Err` when they could not decide, never a refusal: a refusal
+/// tells a caller a cap was reached, and an outage reported as one would tell a whole fleet to
+/// back off from a cap none of them reached.
+#[async_trait]
+pub trait Decider: Send + Sync + std::fmt::Debug {
+    /// Decides `take` at the caller's `now`.
+    ///
+    /// # Errors
+    /// [`Error::ZeroKey`] or [`Error::NegativeCost`] before any query; [`Error::InvalidBudget`]
+    /// when one bucket is named twice with two different limits; [`Error::Database`] when the
+    /// store could not answer.
+    async fn decide(&self, take: Take, now: DateTime<Utc>) -> Result<Decision, Error>;
+}

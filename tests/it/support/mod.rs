@@ -1,0 +1,5 @@
+//! The test harness: what feature modules share, kept apart from the tests themselves.
+
+pub(crate) mod helpers;
+pub(crate) mod proxy;
+pub(crate) mod replicas;
