@@ -8,7 +8,8 @@ use access::{
     AccessService, AuthError, Domain, DomainId, DomainName, EnrolError, IssuanceLimitError, IssuancePolicy,
     Limiter, NewDomain, NodeName, NodeToken, PgAccessRepository, RateBudgetIssuanceLimiter,
 };
-use ratebudget::{Limit, ManualClock, Store};
+use proptest::prelude::*;
+use ratebudget::{Limit, ManualClock, Spender, Store};
 use sqlx::PgPool;
 
 use crate::support::helpers::{instant, unreachable_pool};
@@ -23,7 +24,10 @@ fn default_limit() -> Limit {
 }
 
 fn limiter(pool: &PgPool, clock: &ManualClock, default_limit: Limit) -> RateBudgetIssuanceLimiter {
-    RateBudgetIssuanceLimiter::new(Arc::new(Store::new(pool.clone())), Arc::new(clock.clone()), default_limit)
+    RateBudgetIssuanceLimiter::new(
+        Spender::new(Arc::new(Store::new(pool.clone())), Arc::new(clock.clone())),
+        default_limit,
+    )
 }
 
 /// The real service on `pool`, deciding issuances at `clock`'s now.
@@ -311,4 +315,41 @@ async fn the_tables_reject_half_a_policy_an_unusable_policy_a_bad_name_and_a_sho
     assert_eq!(violated_constraint(&pool, orphan).await, "nodes_domain_id_fkey");
     // Exactly an hour is the slowest refill allowed.
     sqlx::query(&domain("1", "3600", "'hourly'")).execute(&pool).await.unwrap();
+}
+
+/// Rates and bursts around every edge of the rule: the retention boundary to the last bit,
+/// the upper bounds, and the floor of one.
+fn policy_numbers() -> impl Strategy<Value = (f64, f64)> {
+    let at_boundary = (1e-3f64..1e9, -3i64..=3).prop_map(|(per_second, ulps)| {
+        let boundary = per_second * 3600.0;
+        (per_second, f64::from_bits((boundary.to_bits() as i64 + ulps) as u64))
+    });
+    let anywhere = (prop_oneof![1e-6f64..10.0, 1e9f64..2e12], prop_oneof![0.5f64..10.0, 1e14f64..2e15]);
+    prop_oneof![at_boundary, anywhere]
+}
+
+#[test]
+fn a_policy_that_passes_rust_is_stored_and_one_that_fails_trips_the_check() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (database, pool) = runtime.block_on(crate::support::helpers::FreshDatabase::create());
+    let config = ProptestConfig { cases: 256, ..ProptestConfig::default() };
+    proptest!(config, |((per_second, burst) in policy_numbers())| {
+        // What POST /v1/domains checks: the store's rule and the access context's own.
+        let passes = Limit::new(per_second, burst).is_ok() && IssuancePolicy::new(per_second, burst).is_ok();
+        let inserted = runtime.block_on(
+            sqlx::query(
+                "INSERT INTO plexsphere.domains (id, name, issuance_per_second, issuance_burst) VALUES ($1, 'd', $2, $3)",
+            )
+            .bind(uuid::Uuid::new_v4())
+            .bind(per_second)
+            .bind(burst)
+            .execute(&pool),
+        );
+        if let Err(error) = &inserted {
+            let constraint = error.as_database_error().and_then(|e| e.constraint());
+            prop_assert_eq!(constraint, Some("domains_issuance_policy_check"), "{}", error);
+        }
+        prop_assert_eq!(passes, inserted.is_ok(), "{}/s, burst {}", per_second, burst);
+    });
+    runtime.block_on(database.drop_database(pool));
 }

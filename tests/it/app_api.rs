@@ -58,6 +58,10 @@ async fn bad_input_is_a_400_and_writes_nothing(pool_options: PgPoolOptions, conn
         r#"{"name": "d", "issuance_per_second": 0, "issuance_burst": 5}"#,
         r#"{"name": "d", "issuance_per_second": 1, "issuance_burst": 0.5}"#,
         r#"{"name": "d", "colour": "blue"}"#,
+        // Passed the old `burst / rate` check and tripped the table's CHECK (a 500).
+        r#"{"name": "d", "issuance_per_second": 544.7026188767409, "issuance_burst": 1960929.4279562673}"#,
+        // Refill arithmetic this large would overflow float8 in the database.
+        r#"{"name": "d", "issuance_per_second": 1e300, "issuance_burst": 5}"#,
     ] {
         check(&post("/v1/domains", body).await, StatusCode::BAD_REQUEST, "bad_request");
     }
@@ -72,6 +76,9 @@ async fn bad_input_is_a_400_and_writes_nothing(pool_options: PgPoolOptions, conn
     );
     let answer = replica.operator(Method::GET, "/v1/budgets/12345", None).await;
     check(&answer, StatusCode::BAD_REQUEST, "bad_request");
+    // A path segment that is not UTF-8 once decoded is a JSON 400 too, not axum's plain text.
+    let answer = replica.operator(Method::GET, "/v1/budgets/%FF", None).await;
+    check(&answer, StatusCode::BAD_REQUEST, "bad_request");
     let domain = replica.create_domain("d", None).await;
     let answer = replica
         .operator(
@@ -84,6 +91,14 @@ async fn bad_input_is_a_400_and_writes_nothing(pool_options: PgPoolOptions, conn
     let secrets: i64 =
         sqlx::query_scalar("SELECT count(*) FROM plexsphere.secrets").fetch_one(&pool).await.unwrap();
     assert_eq!(secrets, 0);
+
+    // An empty batch would cost nothing: a Node could write rows without limit.
+    let (_, token) = replica.enrol(&domain, "n").await;
+    let answer = replica.request(Method::POST, "/v1/ingest", Some(&token), Some(Vec::new())).await;
+    check(&answer, StatusCode::BAD_REQUEST, "empty_batch");
+    let batches: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM plexsphere.ingest_batches").fetch_one(&pool).await.unwrap();
+    assert_eq!(batches, 0);
     replica.stop().await;
 }
 
@@ -200,5 +215,42 @@ async fn probes_and_metrics_answer(_: PgPoolOptions, connect: PgConnectOptions) 
         assert!(metrics.lines().any(|l| l == line), "missing {line} in\n{metrics}");
     }
     assert!(metrics.lines().any(|l| l.starts_with("plexsphere_leader ")), "{metrics}");
+    replica.stop().await;
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_500_is_one_log_line_naming_the_route_the_request_and_the_cause_chain(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let logs = crate::support::logs::Logs::capture();
+    let pool: PgPool = pool_options.connect_with(connect.clone()).await.unwrap();
+    let replica = replica(&connect).await;
+    let domain = replica.create_domain("d", None).await;
+    let (node, token) = replica.enrol(&domain, "n").await;
+    // Sabotage the database: the secret store's table is gone, so the read fails below the
+    // limiter, inside the secrets context.
+    sqlx::query("ALTER TABLE plexsphere.secrets RENAME TO secrets_gone").execute(&pool).await.unwrap();
+
+    let request_id = uuid::Uuid::new_v4().to_string();
+    let answer = replica.get_as_request("/v1/secrets/db-password", Some(&token), &request_id).await;
+    check(&answer, StatusCode::INTERNAL_SERVER_ERROR, "internal");
+    assert!(!answer.body.to_string().contains("secrets_gone"), "the cause reached the client: {answer:?}");
+
+    let lines = logs.lines_with(&request_id);
+    assert_eq!(lines.len(), 1, "one line for the failure: {lines:#?}");
+    let line = &lines[0];
+    for expected in [
+        "ERROR",
+        r#"route="/v1/secrets/{name}""#,
+        &format!("node_id={node}"),
+        &format!("domain_id={domain}"),
+        // The chain, outermost first, down to the database's own words.
+        "secret could not be read: secret store could not answer: ",
+        "plexsphere.secrets\" does not exist",
+    ] {
+        assert!(line.contains(expected), "{expected:?} missing from {line}");
+    }
+    assert!(!line.contains(&token), "the token reached the log: {line}");
     replica.stop().await;
 }

@@ -100,3 +100,13 @@ fn decisions_never_read_the_database_clock() {
         }
     }
 }
+
+#[test]
+fn the_readme_documents_every_knob() {
+    // `serve --help` is generated from the knobs themselves; the README is written by hand, so
+    // this keeps it from missing one.
+    let readme = fs::read_to_string(workspace().join("README.md")).unwrap();
+    for knob in app::config::Knobs::names() {
+        assert!(readme.contains(&format!("`{knob}`")), "README.md does not document {knob}");
+    }
+}

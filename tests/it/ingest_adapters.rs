@@ -10,7 +10,7 @@ use ingest::{
     BatchRepository, DomainId, IngestError, IngestService, Limiter, NodeId, PgBatchRepository, Quota,
     QuotaError, RateBudgetQuotaLimiter, Sender,
 };
-use ratebudget::{Limit, ManualClock, Store};
+use ratebudget::{Limit, ManualClock, Spender, Store};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use tokio::sync::Barrier;
@@ -41,7 +41,11 @@ fn new_domain() -> DomainId {
 }
 
 fn limiter(pool: &PgPool, clock: &ManualClock, node: Limit, domain: Limit) -> RateBudgetQuotaLimiter {
-    RateBudgetQuotaLimiter::new(Arc::new(Store::new(pool.clone())), Arc::new(clock.clone()), node, domain)
+    RateBudgetQuotaLimiter::new(
+        Spender::new(Arc::new(Store::new(pool.clone())), Arc::new(clock.clone())),
+        node,
+        domain,
+    )
 }
 
 fn service(pool: &PgPool, clock: &ManualClock, node: Limit, domain: Limit) -> IngestService {

@@ -546,3 +546,88 @@ fn random_sequences_decide_exactly_as_the_model() {
     });
     runtime.block_on(database.drop_database(pool));
 }
+
+// ---- what a decision says ----
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_grant_says_what_is_left_and_a_refusal_the_row_it_judged_and_the_exact_wait(pool: PgPool) {
+    let store = Store::new(pool.clone());
+    let bucket = key();
+    let t0 = instant();
+    let spend =
+        |cost| Take::Single(Spend { scope: Scope::IngestNode, key: bucket, cost, limit: limit(2.0, 10.0) });
+
+    let Decision::Granted(grant) = store.decide(spend(7.0), t0).await.unwrap() else { panic!("granted") };
+    let left = grant.remaining(Which::First).unwrap();
+    assert_eq!((left.tokens, left.refilled_at), (3.0, t0));
+    assert_eq!(grant.remaining(Which::Second), None);
+
+    let later = t0 + Duration::milliseconds(250);
+    let Decision::Refused(refusal) = store.decide(spend(5.0), later).await.unwrap() else {
+        panic!("refused")
+    };
+    assert_eq!(refusal.which, Which::First);
+    let judged = refusal.judged.unwrap();
+    assert_eq!((judged.tokens, judged.refilled_at), (3.0, t0), "the row as stored, not refilled");
+    // 3.5 tokens at +250 ms; 1.5 more at 2 a second is 750 ms.
+    assert_eq!(refusal.retry_after, std::time::Duration::from_millis(750));
+
+    let never = store.decide(spend(10.5), later).await.unwrap();
+    assert!(
+        matches!(never, Decision::InsufficientCapacity(c) if c.burst == 10.0 && c.cost == 10.5),
+        "{never:?}"
+    );
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_pair_says_what_is_left_in_both_and_which_refused_with_its_row(pool: PgPool) {
+    let store = Store::new(pool.clone());
+    let (node, domain) = (key(), key());
+    let now = instant();
+    let (n, d) = node_and_domain(node, domain, 2.0, 5.0);
+    let Decision::Granted(grant) = store.decide(Take::Pair(n, d), now).await.unwrap() else { panic!() };
+    assert_eq!(grant.remaining(Which::First).map(|fill| fill.tokens), Some(1.0));
+    assert_eq!(grant.remaining(Which::Second).map(|fill| fill.tokens), Some(4.0));
+    store.decide(Take::Pair(n, d), now).await.unwrap();
+
+    let Decision::Refused(refusal) = store.decide(Take::Pair(n, d), now).await.unwrap() else { panic!() };
+    assert_eq!(refusal.which, Which::First);
+    assert_eq!(refusal.judged.map(|fill| fill.tokens), Some(0.0));
+    assert_eq!(refusal.retry_after, std::time::Duration::from_secs(1));
+}
+
+#[test]
+fn waiting_exactly_the_retry_after_is_admitted_and_a_microsecond_less_is_not() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (database, pool) = runtime.block_on(FreshDatabase::create());
+    let store = Store::new(pool.clone());
+    let config = ProptestConfig { cases: 48, ..ProptestConfig::default() };
+    proptest!(config, |(
+        per_second in prop_oneof![0.01f64..5.0, 5.0f64..5000.0],
+        burst_steps in 1u32..400,
+        spent_share in 0.5f64..1.0,
+        cost_share in 0.01f64..1.0,
+        step_micros in 0i64..3_000_000,
+    )| {
+        let burst = (f64::from(burst_steps) * 0.25).min(per_second * 3600.0).max(0.25);
+        let limit = limit(per_second, burst);
+        let bucket = key();
+        let t0 = instant();
+        let take = |cost, at| {
+            store.decide(Take::Single(Spend { scope: Scope::IngestDomain, key: bucket, cost, limit }), at)
+        };
+        runtime.block_on(take(burst * spent_share, t0)).unwrap();
+        let cost = burst * cost_share;
+        let now = t0 + Duration::microseconds(step_micros);
+        let Decision::Refused(refusal) = runtime.block_on(take(cost, now)).unwrap() else {
+            return Ok(());
+        };
+        let wait = Duration::from_std(refusal.retry_after).unwrap();
+        prop_assume!(wait > Duration::zero());
+        let before = runtime.block_on(take(cost, now + wait - Duration::microseconds(1))).unwrap();
+        prop_assert!(!before.is_granted(), "granted a microsecond early: {:?}", before);
+        let at = runtime.block_on(take(cost, now + wait)).unwrap();
+        prop_assert!(at.is_granted(), "refused after waiting {:?}: {:?}", wait, at);
+    });
+    runtime.block_on(database.drop_database(pool));
+}

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use ratebudget::{Clock, Limit, ManualClock, Store};
+use ratebudget::{Clock, Limit, ManualClock, Spender, Store};
 use secrets::{
     DomainId, Limiter, NodeId, PgSecretRepository, RateBudgetReadLimiter, ReadError, ReadLimitError, Reader,
     SecretName, SecretRepository, SecretValue, SecretsService,
@@ -37,7 +37,11 @@ fn budget(per_second: f64, burst: f64) -> Limit {
 }
 
 fn limiter(pool: &PgPool, clock: &ManualClock, node: Limit, domain: Limit) -> RateBudgetReadLimiter {
-    RateBudgetReadLimiter::new(Arc::new(Store::new(pool.clone())), Arc::new(clock.clone()), node, domain)
+    RateBudgetReadLimiter::new(
+        Spender::new(Arc::new(Store::new(pool.clone())), Arc::new(clock.clone())),
+        node,
+        domain,
+    )
 }
 
 /// The stored (tokens, refilled_at) of one read bucket, or None when it has no row.

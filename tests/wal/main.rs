@@ -30,7 +30,8 @@ async fn wal_position(pool: &PgPool) -> i64 {
 async fn a_thousand_refusals_on_an_exhausted_bucket_write_next_to_no_wal(pool: PgPool) {
     let store = Store::new(pool.clone());
     let now = Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap();
-    let never_refills = Budget { per_second: 0.0, burst: 3.0 };
+    // Every take is at one instant, so the bucket cannot refill whatever its rate.
+    let never_refills = Budget { per_second: 1.0, burst: 3.0 };
     let bucket = Key::from(uuid::Uuid::new_v4());
     assert!(store.take(Scope::IngestDomain, bucket, 3.0, never_refills, now).await.unwrap());
 

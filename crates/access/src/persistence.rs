@@ -1,9 +1,7 @@
 //! The access context's adapters: its tables in PostgreSQL, and its issuance limiter bound to
 //! the shared rate budgets.
 
-use std::sync::Arc;
-
-use ratebudget::{Clock, Decider, Decision, Key, Limit, Scope, Spend, Take};
+use ratebudget::{Decision, Key, Limit, Scope, Spend, Spender, Take};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -34,6 +32,7 @@ fn unavailable(error: impl std::error::Error + Send + Sync + 'static) -> Reposit
 
 #[async_trait::async_trait]
 impl AccessRepository for PgAccessRepository {
+    #[tracing::instrument(level = "debug", skip_all, fields(domain = %domain.id))]
     async fn insert_domain(&self, domain: &Domain) -> Result<(), RepositoryError> {
         let policy = domain.issuance_policy;
         sqlx::query(
@@ -50,6 +49,7 @@ impl AccessRepository for PgAccessRepository {
         Ok(())
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(domain = %id))]
     async fn find_domain(&self, id: DomainId) -> Result<Option<Domain>, RepositoryError> {
         let row: Option<(Uuid, String, Option<f64>, Option<f64>)> = sqlx::query_as(
             "SELECT id, name, issuance_per_second, issuance_burst
@@ -76,6 +76,7 @@ impl AccessRepository for PgAccessRepository {
         Ok(Some(Domain { id: id.into(), name, issuance_policy }))
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(node = %node.id, domain = %node.domain_id))]
     async fn insert_node(&self, node: &Node, token_hash: &TokenHash) -> Result<(), RepositoryError> {
         sqlx::query(
             "INSERT INTO plexsphere.nodes (id, domain_id, name, token_hash)
@@ -91,6 +92,8 @@ impl AccessRepository for PgAccessRepository {
         Ok(())
     }
 
+    // The hash is not the token, but it is what authenticates: it stays out of the span too.
+    #[tracing::instrument(level = "debug", skip_all)]
     async fn find_node_by_token(
         &self,
         token_hash: &TokenHash,
@@ -115,25 +118,21 @@ impl AccessRepository for PgAccessRepository {
 /// [`Scope::AccessIssuanceDomain`], one token per issuance.
 #[derive(Clone, Debug)]
 pub struct RateBudgetIssuanceLimiter {
-    decider: Arc<dyn Decider>,
-    clock: Arc<dyn Clock>,
+    spender: Spender,
     default_limit: Limit,
 }
 
 impl RateBudgetIssuanceLimiter {
-    /// A limiter deciding through `decider` at `clock`'s now, sizing the buckets of Domains
-    /// without a policy of their own with `default_limit`.
-    pub fn new(
-        decider: Arc<dyn Decider>,
-        clock: Arc<dyn Clock>,
-        default_limit: Limit,
-    ) -> RateBudgetIssuanceLimiter {
-        RateBudgetIssuanceLimiter { decider, clock, default_limit }
+    /// A limiter spending through `spender`, sizing the buckets of Domains without a policy
+    /// of their own with `default_limit`.
+    pub fn new(spender: Spender, default_limit: Limit) -> RateBudgetIssuanceLimiter {
+        RateBudgetIssuanceLimiter { spender, default_limit }
     }
 }
 
 #[async_trait::async_trait]
 impl Limiter for RateBudgetIssuanceLimiter {
+    #[tracing::instrument(level = "debug", skip_all, fields(%domain))]
     async fn spend_issuance(
         &self,
         domain: DomainId,
@@ -149,18 +148,10 @@ impl Limiter for RateBudgetIssuanceLimiter {
             }
             None => self.default_limit,
         };
-        let spend = Spend {
-            scope: Scope::AccessIssuanceDomain,
-            key: Key::from(domain.as_uuid()),
-            cost: ISSUANCE_COST,
-            limit,
-        };
-        match self
-            .decider
-            .decide(Take::Single(spend), self.clock.now())
-            .await
-            .map_err(|e| unavailable(e.into()))?
-        {
+        let key = Key::from(domain.as_uuid());
+        let take =
+            Take::Single(Spend { scope: Scope::AccessIssuanceDomain, key, cost: ISSUANCE_COST, limit });
+        match self.spender.spend(take).await.map_err(|e| unavailable(e.into()))? {
             Decision::Granted(_) => Ok(()),
             Decision::Refused(refusal) => {
                 Err(IssuanceLimitError::RateLimited { retry_after: refusal.retry_after })

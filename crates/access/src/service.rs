@@ -29,6 +29,7 @@ impl AccessService {
     ///
     /// # Errors
     /// [`CreateDomainError::Unavailable`] when the store could not answer.
+    #[tracing::instrument(level = "debug", skip_all)]
     pub async fn create_domain(&self, new: NewDomain) -> Result<Domain, CreateDomainError> {
         let domain = Domain { id: DomainId::random(), name: new.name, issuance_policy: new.issuance_policy };
         self.repository.insert_domain(&domain).await?;
@@ -39,6 +40,7 @@ impl AccessService {
     ///
     /// # Errors
     /// [`RepositoryError`] when the store could not answer.
+    #[tracing::instrument(level = "debug", skip_all, fields(domain = %id))]
     pub async fn find_domain(&self, id: DomainId) -> Result<Option<Domain>, RepositoryError> {
         self.repository.find_domain(id).await
     }
@@ -52,6 +54,7 @@ impl AccessService {
     /// - [`EnrolError::UnknownDomain`] when no Domain has this id; nothing is spent.
     /// - [`EnrolError::IssuanceRateLimited`] when the Domain's issuance budget refuses.
     /// - [`EnrolError::Unavailable`] when the store or the limiter could not answer.
+    #[tracing::instrument(level = "debug", skip_all, fields(domain = %domain_id))]
     pub async fn enrol_node(&self, domain_id: DomainId, name: NodeName) -> Result<Enrolment, EnrolError> {
         // The Domain is looked up first, both to size the budget from its own policy and so
         // that a caller naming Domains that do not exist cannot mint buckets for them.
@@ -75,6 +78,8 @@ impl AccessService {
     ///   is not asked.
     /// - [`AuthError::UnknownToken`] when no Node holds it.
     /// - [`AuthError::Unavailable`] when the store could not answer.
+    // The token never enters a span: it is the credential itself.
+    #[tracing::instrument(level = "debug", skip_all)]
     pub async fn authenticate(&self, token: &str) -> Result<AuthenticatedNode, AuthError> {
         let token = NodeToken::parse(token)?;
         self.repository.find_node_by_token(&token.hash()).await?.ok_or(AuthError::UnknownToken)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use ratebudget::{Clock, Decider, Store, SystemClock};
+use ratebudget::{Clock, Decider, Spender, Store, SystemClock};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 use tokio::task::JoinHandle;
@@ -244,8 +244,7 @@ fn bind_access(
     metrics: &Metrics,
 ) -> access::AccessService {
     let limiter = access::RateBudgetIssuanceLimiter::new(
-        decider.clone(),
-        wiring.clock.clone(),
+        Spender::new(decider.clone(), wiring.clock.clone()),
         config.limits.access_issuance,
     );
     access::AccessService::new(
@@ -262,8 +261,7 @@ fn bind_secrets(
     metrics: &Metrics,
 ) -> secrets::SecretsService {
     let limiter = secrets::RateBudgetReadLimiter::new(
-        decider.clone(),
-        wiring.clock.clone(),
+        Spender::new(decider.clone(), wiring.clock.clone()),
         config.limits.secret_read_node,
         config.limits.secret_read_domain,
     );
@@ -281,8 +279,7 @@ fn bind_ingest(
     metrics: &Metrics,
 ) -> ingest::IngestService {
     let limiter = ingest::RateBudgetQuotaLimiter::new(
-        decider.clone(),
-        wiring.clock.clone(),
+        Spender::new(decider.clone(), wiring.clock.clone()),
         config.limits.ingest_node,
         config.limits.ingest_domain,
     );

@@ -3,9 +3,7 @@
 //!
 //! This is the only module of the context that names `sqlx` or `ratebudget`.
 
-use std::sync::Arc;
-
-use ratebudget::{Clock, Decider, Decision, Key, Limit, Scope, Spend, Take, Which};
+use ratebudget::{Decision, Key, Limit, PairBudget, Scope, Spender, Which};
 use sqlx::PgPool;
 
 use crate::{BatchId, BatchRepository, Limiter, Quota, QuotaError, RepositoryError, Sender};
@@ -25,6 +23,7 @@ impl PgBatchRepository {
 
 #[async_trait::async_trait]
 impl BatchRepository for PgBatchRepository {
+    #[tracing::instrument(level = "debug", skip_all, fields(id = ?id, node = %sender.node, domain = %sender.domain))]
     async fn insert(&self, id: BatchId, sender: Sender, payload: &[u8]) -> Result<(), RepositoryError> {
         // byte_count is written rather than derived so the batch list can be summed without
         // reading payloads; the table's CHECK keeps it equal to the payload's length.
@@ -55,64 +54,46 @@ impl BatchRepository for PgBatchRepository {
 /// that was never accepted) or need a refund that a crash or timeout between the two can
 /// skip, and would cost a second round trip on every batch.
 ///
-/// `now` is read from the clock on every call, so tests drive refills with a manual clock.
 #[derive(Clone, Debug)]
 pub struct RateBudgetQuotaLimiter {
-    decider: Arc<dyn Decider>,
-    clock: Arc<dyn Clock>,
-    node_quota: Limit,
-    domain_quota: Limit,
+    quotas: PairBudget,
 }
 
 impl RateBudgetQuotaLimiter {
-    /// A limiter spending through `decider` at `clock`'s time, sizing each Node's bucket with
-    /// `node_quota` and each Domain's with `domain_quota` (in bytes and bytes per second).
-    pub fn new(
-        decider: Arc<dyn Decider>,
-        clock: Arc<dyn Clock>,
-        node_quota: Limit,
-        domain_quota: Limit,
-    ) -> RateBudgetQuotaLimiter {
-        RateBudgetQuotaLimiter { decider, clock, node_quota, domain_quota }
+    /// A limiter spending through `spender`, sizing each Node's bucket with `node_quota` and
+    /// each Domain's with `domain_quota` (in bytes and bytes per second).
+    pub fn new(spender: Spender, node_quota: Limit, domain_quota: Limit) -> RateBudgetQuotaLimiter {
+        let quotas = spender.pair((Scope::IngestNode, node_quota), (Scope::IngestDomain, domain_quota));
+        RateBudgetQuotaLimiter { quotas }
     }
 }
 
 #[async_trait::async_trait]
 impl Limiter for RateBudgetQuotaLimiter {
+    #[tracing::instrument(level = "debug", skip_all, fields(node = %sender.node, domain = %sender.domain, bytes))]
     async fn spend_bytes(&self, sender: Sender, bytes: u64) -> Result<(), QuotaError> {
         // Exact up to 2^53 bytes, far beyond any batch a server accepts.
-        let cost = bytes as f64;
-        let take = Take::Pair(
-            Spend {
-                scope: Scope::IngestNode,
-                key: Key::from(sender.node.as_uuid()),
-                cost,
-                limit: self.node_quota,
-            },
-            Spend {
-                scope: Scope::IngestDomain,
-                key: Key::from(sender.domain.as_uuid()),
-                cost,
-                limit: self.domain_quota,
-            },
-        );
+        let (node, domain, cost) =
+            (Key::from(sender.node.as_uuid()), Key::from(sender.domain.as_uuid()), bytes as f64);
         // Any error, validation included, means the quotas were not evaluated: it must fail
         // closed as an outage, never read as a refusal.
-        let decision = self.decider.decide(take, self.clock.now()).await;
+        let decision = self
+            .quotas
+            .spend(node, domain, cost)
+            .await
+            .map_err(|error| QuotaError::Unavailable(Box::new(error)))?;
         let quota = |which| if which == Which::First { Quota::Node } else { Quota::Domain };
-        match decision.map_err(|error| QuotaError::Unavailable(Box::new(error)))? {
+        match decision {
             Decision::Granted(_) => Ok(()),
             Decision::Refused(refusal) => {
                 Err(QuotaError::Exceeded { quota: quota(refusal.which), retry_after: refusal.retry_after })
             }
-            Decision::InsufficientCapacity(never) => {
-                // A burst is a whole number of bytes in any sane configuration; round down so
-                // the limit reported is one the batch really exceeds.
-                Err(QuotaError::LargerThanQuota {
-                    quota: quota(never.which),
-                    burst: never.burst.floor() as u64,
-                })
-            }
+            // A burst is a whole number of bytes in any sane configuration; rounding down
+            // reports a limit the batch really exceeds.
+            Decision::InsufficientCapacity(never) => Err(QuotaError::LargerThanQuota {
+                quota: quota(never.which),
+                burst: never.burst.floor() as u64,
+            }),
         }
     }
 }

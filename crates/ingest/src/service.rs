@@ -35,6 +35,7 @@ impl IngestService {
     /// [`IngestError::LargerThanQuota`] when a quota refused the batch (nothing is stored);
     /// [`IngestError::Unavailable`] when a quota could not be evaluated (nothing is stored) or
     /// the batch store did not answer.
+    #[tracing::instrument(level = "debug", skip_all, fields(node = %sender.node, domain = %sender.domain, bytes = payload.len()))]
     pub async fn accept(&self, sender: Sender, payload: &[u8]) -> Result<BatchId, IngestError> {
         let batch = Batch { id: BatchId::random(), sender, payload };
         let cost = batch.byte_cost();

@@ -1,4 +1,5 @@
-//! Throughput and latency of `Store::take` (and `Store::take_pair`) against a real PostgreSQL.
+//! Throughput and latency of `Store::take` (and the two-budget `Store::decide`) against a real
+//! PostgreSQL.
 //!
 //! ```text
 //! cargo bench -p ratebudget --bench take

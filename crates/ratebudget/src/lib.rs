@@ -25,10 +25,12 @@ mod connections;
 mod decision;
 mod error;
 mod model;
+mod spender;
 mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decider, Decision, Grant, InsufficientCapacity, Refusal, Take, Which};
 pub use error::Error;
 pub use model::{Budget, Fill, InvalidLimit, Key, Limit, Scope, Spend, IDLE_RETENTION};
+pub use spender::{PairBudget, Spender};
 pub use store::{Bucket, IdleSweep, Store};

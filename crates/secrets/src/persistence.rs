@@ -3,9 +3,7 @@
 //!
 //! This is the only module of the context that names `sqlx` or `ratebudget`.
 
-use std::sync::Arc;
-
-use ratebudget::{Clock, Decider, Decision, Limit, Refusal, Scope, Spend, Take, Which};
+use ratebudget::{Decision, Limit, PairBudget, Refusal, Scope, Spender, Which};
 use sqlx::PgPool;
 
 use crate::{
@@ -43,6 +41,7 @@ impl PgSecretRepository {
 
 #[async_trait::async_trait]
 impl SecretRepository for PgSecretRepository {
+    #[tracing::instrument(level = "debug", skip_all, fields(%domain, name = %name))]
     async fn put(
         &self,
         domain: DomainId,
@@ -59,6 +58,7 @@ impl SecretRepository for PgSecretRepository {
         Ok(())
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(%domain, name = %name))]
     async fn get(&self, domain: DomainId, name: &SecretName) -> Result<Option<SecretValue>, RepositoryError> {
         let stored: Option<String> = sqlx::query_scalar(GET)
             .bind(domain.as_uuid())
@@ -81,49 +81,31 @@ impl SecretRepository for PgSecretRepository {
 /// Domain's budget, starving the Domain's other Nodes. A refund after the fact could be
 /// skipped by a crash or a timeout between the two calls.
 ///
-/// `now` is read from the clock on every call, so tests drive refills with a
+/// `now` is read from the spender's clock on every call, so tests drive refills with a
 /// [`ratebudget::ManualClock`]. Every [`ratebudget::Error`] is [`ReadLimitError::Unavailable`],
 /// validation errors included: they mean this adapter was handed a zero id, and must never
 /// read as a refusal. So is a read that no bucket could ever cover (a burst below one read),
 /// which is misconfiguration rather than a cap reached.
 #[derive(Clone, Debug)]
-pub struct RateBudgetReadLimiter {
-    decider: Arc<dyn Decider>,
-    clock: Arc<dyn Clock>,
-    node_limit: Limit,
-    domain_limit: Limit,
-}
+pub struct RateBudgetReadLimiter(PairBudget);
 
 impl RateBudgetReadLimiter {
-    /// A limiter deciding through `decider` at `clock`'s now, sizing every Node's bucket by
-    /// `node_limit` and every Domain's by `domain_limit`.
-    pub fn new(
-        decider: Arc<dyn Decider>,
-        clock: Arc<dyn Clock>,
-        node_limit: Limit,
-        domain_limit: Limit,
-    ) -> RateBudgetReadLimiter {
-        RateBudgetReadLimiter { decider, clock, node_limit, domain_limit }
+    /// A limiter spending through `spender`, sizing every Node's bucket by `node_limit` and
+    /// every Domain's by `domain_limit`.
+    pub fn new(spender: Spender, node_limit: Limit, domain_limit: Limit) -> RateBudgetReadLimiter {
+        // The Node's budget goes first, so `Which::First` names the Node.
+        RateBudgetReadLimiter(
+            spender.pair((Scope::SecretReadNode, node_limit), (Scope::SecretReadDomain, domain_limit)),
+        )
     }
 }
 
 #[async_trait::async_trait]
 impl Limiter for RateBudgetReadLimiter {
+    #[tracing::instrument(level = "debug", skip_all, fields(node = %reader.node, domain = %reader.domain))]
     async fn spend_read(&self, reader: Reader) -> Result<(), ReadLimitError> {
-        // The Node's spend goes first, so `Which::First` names the Node.
-        let node = Spend {
-            scope: Scope::SecretReadNode,
-            key: reader.node.as_uuid().into(),
-            cost: READ_COST,
-            limit: self.node_limit,
-        };
-        let domain = Spend {
-            scope: Scope::SecretReadDomain,
-            key: reader.domain.as_uuid().into(),
-            cost: READ_COST,
-            limit: self.domain_limit,
-        };
-        let decision = self.decider.decide(Take::Pair(node, domain), self.clock.now()).await;
+        let decision =
+            self.0.spend(reader.node.as_uuid().into(), reader.domain.as_uuid().into(), READ_COST).await;
         match decision.map_err(|error| ReadLimitError::Unavailable(error.into()))? {
             Decision::Granted(_) => Ok(()),
             Decision::Refused(Refusal { which: Which::First, retry_after, .. }) => {

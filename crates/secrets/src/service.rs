@@ -36,6 +36,7 @@ impl SecretsService {
     ///
     /// # Errors
     /// [`WriteError::Unavailable`] when the store could not answer.
+    #[tracing::instrument(level = "debug", skip_all, fields(%domain, name = %name))]
     pub async fn write(
         &self,
         domain: DomainId,
@@ -59,6 +60,7 @@ impl SecretsService {
     ///   refused the read; nothing was looked up.
     /// - [`ReadError::NotFound`] when the reader's Domain holds no secret `name`.
     /// - [`ReadError::Unavailable`] when the limiter or the store could not answer.
+    #[tracing::instrument(level = "debug", skip_all, fields(node = %reader.node, domain = %reader.domain, name = %name))]
     pub async fn read(&self, reader: Reader, name: &SecretName) -> Result<Secret, ReadError> {
         self.limiter.spend_read(reader).await.map_err(|error| match error {
             ReadLimitError::NodeRateLimited { retry_after } => ReadError::NodeRateLimited { retry_after },

@@ -1,5 +1,6 @@
 //! The test harness: what feature modules share, kept apart from the tests themselves.
 
 pub(crate) mod helpers;
+pub(crate) mod logs;
 pub(crate) mod proxy;
 pub(crate) mod replicas;

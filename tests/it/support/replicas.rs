@@ -88,7 +88,21 @@ impl Replica {
         bearer: Option<&str>,
         body: Option<Vec<u8>>,
     ) -> Answer {
-        let mut request = self.client.request(method, format!("{}{path}", self.base));
+        self.send(self.client.request(method, format!("{}{path}", self.base)), bearer, body).await
+    }
+
+    /// A GET that names its request id, so the test can find the request's log lines.
+    pub(crate) async fn get_as_request(&self, path: &str, bearer: Option<&str>, request_id: &str) -> Answer {
+        let request = self.client.get(format!("{}{path}", self.base)).header("x-request-id", request_id);
+        self.send(request, bearer, None).await
+    }
+
+    async fn send(
+        &self,
+        mut request: reqwest::RequestBuilder,
+        bearer: Option<&str>,
+        body: Option<Vec<u8>>,
+    ) -> Answer {
         if let Some(token) = bearer {
             request = request.bearer_auth(token);
         }

@@ -91,8 +91,13 @@ pub fn cause_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut chain = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
-        chain.push_str(": ");
-        chain.push_str(&cause.to_string());
+        let text = cause.to_string();
+        // Some errors (sqlx's database error among them) already print their source's text;
+        // saying it twice makes the line harder to read, not more complete.
+        if !chain.ends_with(&text) {
+            chain.push_str(": ");
+            chain.push_str(&text);
+        }
         source = cause.source();
     }
     chain
