@@ -210,7 +210,9 @@ async fn probes_and_metrics_answer(_: PgPoolOptions, connect: PgConnectOptions) 
     let metrics = replica.get("/metrics", None).await.body.as_str().unwrap().to_owned();
     for line in [
         "plexsphere_rate_budget_decisions_total{scope=\"access_issuance_domain\",outcome=\"granted\"} 1",
-        "plexsphere_rate_budget_decisions_total{scope=\"access_issuance_domain\",outcome=\"refused\"} 1",
+        // The grant left the bucket empty, so this replica's pre-check refused without a
+        // statement.
+        "plexsphere_rate_budget_decisions_total{scope=\"access_issuance_domain\",outcome=\"precheck_refused\"} 1",
     ] {
         assert!(metrics.lines().any(|l| l == line), "missing {line} in\n{metrics}");
     }

@@ -68,6 +68,28 @@ pub async fn show_budgets(
     Ok(())
 }
 
+/// `plexsphere budgets reset <scope> <key>`: forgets one bucket; every replica's pre-check
+/// hears of it and the next take mints the bucket full.
+///
+/// # Errors
+/// When the database does not answer.
+pub async fn reset_budget(
+    database: PgConnectOptions,
+    scope: ratebudget::Scope,
+    key: uuid::Uuid,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let pool = connect(database).await?;
+    let existed =
+        ratebudget::Store::new(pool).reset(scope, key.into()).await.context("failed to reset the budget")?;
+    if existed {
+        writeln!(out, "reset {scope} of {key}: the next take mints it full")?;
+    } else {
+        writeln!(out, "{scope} of {key} had no bucket (it was full already); replicas were told anyway")?;
+    }
+    Ok(())
+}
+
 /// The one knob the commands other than `serve` need.
 #[derive(clap::Args, Clone, Debug)]
 pub struct Database {

@@ -10,7 +10,9 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use clap::{Args, FromArgMatches};
-use ratebudget::Limit;
+use std::collections::HashMap;
+
+use ratebudget::{FailMode, Limit, Scope};
 use sqlx::postgres::PgConnectOptions;
 
 /// `DATABASE_URL`: the PostgreSQL database every replica shares.
@@ -47,6 +49,37 @@ pub const INGEST_NODE_BYTES_BURST: &str = "PLEXSPHERE_INGEST_NODE_BYTES_BURST";
 pub const INGEST_DOMAIN_BYTES_PER_SECOND: &str = "PLEXSPHERE_INGEST_DOMAIN_BYTES_PER_SECOND";
 /// `PLEXSPHERE_INGEST_DOMAIN_BYTES_BURST`.
 pub const INGEST_DOMAIN_BYTES_BURST: &str = "PLEXSPHERE_INGEST_DOMAIN_BYTES_BURST";
+/// `PLEXSPHERE_DECISION_TIMEOUT_MS`: how long a take waits for the shared store.
+pub const DECISION_TIMEOUT_MS: &str = "PLEXSPHERE_DECISION_TIMEOUT_MS";
+/// `PLEXSPHERE_SECRET_READ_NODE_FAIL_MODE`.
+pub const SECRET_READ_NODE_FAIL_MODE: &str = "PLEXSPHERE_SECRET_READ_NODE_FAIL_MODE";
+/// `PLEXSPHERE_SECRET_READ_DOMAIN_FAIL_MODE`.
+pub const SECRET_READ_DOMAIN_FAIL_MODE: &str = "PLEXSPHERE_SECRET_READ_DOMAIN_FAIL_MODE";
+/// `PLEXSPHERE_ACCESS_ISSUANCE_FAIL_MODE`.
+pub const ACCESS_ISSUANCE_FAIL_MODE: &str = "PLEXSPHERE_ACCESS_ISSUANCE_FAIL_MODE";
+/// `PLEXSPHERE_INGEST_NODE_FAIL_MODE`.
+pub const INGEST_NODE_FAIL_MODE: &str = "PLEXSPHERE_INGEST_NODE_FAIL_MODE";
+/// `PLEXSPHERE_INGEST_DOMAIN_FAIL_MODE`.
+pub const INGEST_DOMAIN_FAIL_MODE: &str = "PLEXSPHERE_INGEST_DOMAIN_FAIL_MODE";
+
+/// What a scope does when the shared store cannot answer, as a knob spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FailModeKnob {
+    /// The request answers 500: no budget was evaluated, and none is invented.
+    Closed,
+    /// This replica decides with an in-memory bucket of the same budget until the store
+    /// answers again (each replica then admits the whole budget on its own).
+    Local,
+}
+
+impl From<FailModeKnob> for ratebudget::FailMode {
+    fn from(knob: FailModeKnob) -> Self {
+        match knob {
+            FailModeKnob::Closed => ratebudget::FailMode::Closed,
+            FailModeKnob::Local => ratebudget::FailMode::Local,
+        }
+    }
+}
 
 /// Every knob of `plexsphere serve`, as parsed: each is an environment variable (or the flag
 /// of the same name, for a one-off run). This is the one place knobs are named, defaulted and
@@ -111,6 +144,25 @@ pub struct Knobs {
     /// take connections).
     #[arg(long, env = DATABASE_MAX_CONNECTIONS, default_value_t = 16)]
     pub database_max_connections: u32,
+    /// How long a take waits for the shared store before it counts as not answered (and its
+    /// scope's fail mode decides), in milliseconds (10 to 60000).
+    #[arg(long, env = DECISION_TIMEOUT_MS, default_value_t = 250)]
+    pub decision_timeout_ms: u64,
+    /// `secret_read_node` when the store cannot answer.
+    #[arg(long, env = SECRET_READ_NODE_FAIL_MODE, value_enum, default_value_t = FailModeKnob::Closed)]
+    pub secret_read_node_fail_mode: FailModeKnob,
+    /// `secret_read_domain` when the store cannot answer.
+    #[arg(long, env = SECRET_READ_DOMAIN_FAIL_MODE, value_enum, default_value_t = FailModeKnob::Closed)]
+    pub secret_read_domain_fail_mode: FailModeKnob,
+    /// `access_issuance_domain` when the store cannot answer.
+    #[arg(long, env = ACCESS_ISSUANCE_FAIL_MODE, value_enum, default_value_t = FailModeKnob::Closed)]
+    pub access_issuance_fail_mode: FailModeKnob,
+    /// `ingest_node` when the store cannot answer.
+    #[arg(long, env = INGEST_NODE_FAIL_MODE, value_enum, default_value_t = FailModeKnob::Closed)]
+    pub ingest_node_fail_mode: FailModeKnob,
+    /// `ingest_domain` when the store cannot answer.
+    #[arg(long, env = INGEST_DOMAIN_FAIL_MODE, value_enum, default_value_t = FailModeKnob::Closed)]
+    pub ingest_domain_fail_mode: FailModeKnob,
 }
 
 impl Knobs {
@@ -192,6 +244,10 @@ pub struct Config {
     pub database_max_connections: u32,
     /// The largest telemetry batch accepted.
     pub ingest_max_batch_bytes: usize,
+    /// How long a take waits for the shared store.
+    pub decision_timeout: Duration,
+    /// Each scope's fail mode.
+    pub fail_modes: HashMap<Scope, FailMode>,
 }
 
 impl std::fmt::Debug for Config {
@@ -207,6 +263,8 @@ impl std::fmt::Debug for Config {
             .field("database_timeout", &self.database_timeout)
             .field("database_max_connections", &self.database_max_connections)
             .field("ingest_max_batch_bytes", &self.ingest_max_batch_bytes)
+            .field("decision_timeout", &self.decision_timeout)
+            .field("fail_modes", &self.fail_modes)
             .finish()
     }
 }
@@ -298,6 +356,16 @@ impl Config {
         if knobs.database_max_connections == 0 {
             return Err(ConfigError::new(DATABASE_MAX_CONNECTIONS, "must be at least 1"));
         }
+        if !(10..=60_000).contains(&knobs.decision_timeout_ms) {
+            return Err(ConfigError::new(DECISION_TIMEOUT_MS, "must be between 10 and 60000"));
+        }
+        let fail_modes = HashMap::from([
+            (Scope::SecretReadNode, knobs.secret_read_node_fail_mode.into()),
+            (Scope::SecretReadDomain, knobs.secret_read_domain_fail_mode.into()),
+            (Scope::AccessIssuanceDomain, knobs.access_issuance_fail_mode.into()),
+            (Scope::IngestNode, knobs.ingest_node_fail_mode.into()),
+            (Scope::IngestDomain, knobs.ingest_domain_fail_mode.into()),
+        ]);
 
         Ok(Config {
             database,
@@ -308,6 +376,8 @@ impl Config {
             database_timeout: Duration::from_millis(knobs.database_timeout_ms),
             database_max_connections: knobs.database_max_connections,
             ingest_max_batch_bytes: knobs.ingest_max_batch_bytes,
+            decision_timeout: Duration::from_millis(knobs.decision_timeout_ms),
+            fail_modes,
         })
     }
 }

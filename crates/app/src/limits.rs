@@ -1,96 +1,99 @@
-//! Decorators around the contexts' limiter ports that count every decision by scope and
-//! outcome for `/metrics`, without the contexts knowing metrics exist.
+//! What the composition root learns from every rate-budget decision, without the contexts
+//! knowing: metrics by scope and outcome, and the `RateLimit` fields of the response.
+//!
+//! The limiters decide through a [`ratebudget::Guard`], which tells its [`Observer`] about
+//! each decision on the deciding request's own task; this is that observer.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::time::Duration;
 
-use ratebudget::Scope;
+use chrono::{DateTime, Utc};
+use ratebudget::{Decision, FailMode, Observer, Scope, Source, Take, Undecided};
 
-use crate::metrics::{Metrics, Outcome, ScopeLabel};
+use crate::http::rate_limit_headers;
+use crate::metrics::{Metrics, Outcome};
 
-/// Counts the decisions of the secrets context's limiter.
-pub struct MeteredReadLimiter {
-    /// The limiter that decides.
-    pub inner: Arc<dyn secrets::Limiter>,
-    /// Where decisions are counted.
-    pub metrics: Metrics,
+/// Counts decisions and records the binding bucket for the response's fields.
+#[derive(Debug)]
+pub struct DecisionObserver {
+    metrics: Metrics,
+    fail_modes: HashMap<Scope, FailMode>,
 }
 
-#[async_trait::async_trait]
-impl secrets::Limiter for MeteredReadLimiter {
-    async fn spend_read(&self, reader: secrets::Reader) -> Result<(), secrets::ReadLimitError> {
-        let decision = self.inner.spend_read(reader).await;
-        let (node, domain) = (ScopeLabel(Scope::SecretReadNode), ScopeLabel(Scope::SecretReadDomain));
-        match &decision {
-            Ok(()) => self.metrics.pair_decision(node, domain, Outcome::granted),
-            // A pair is all-or-nothing, so only the bucket that refused was decided.
-            Err(secrets::ReadLimitError::NodeRateLimited { .. }) => {
-                self.metrics.decision(node, Outcome::refused)
-            }
-            Err(secrets::ReadLimitError::DomainRateLimited { .. }) => {
-                self.metrics.decision(domain, Outcome::refused)
-            }
-            Err(secrets::ReadLimitError::Unavailable(_)) => {
-                self.metrics.pair_decision(node, domain, Outcome::error)
-            }
+impl DecisionObserver {
+    /// An observer counting into `metrics`; `fail_modes` says which scopes fall back to
+    /// local decisions when the store fails (for the fallback gauge).
+    pub fn new(metrics: Metrics, fail_modes: HashMap<Scope, FailMode>) -> DecisionObserver {
+        for scope in Scope::ALL {
+            metrics.set_fallback_active(scope, false);
         }
-        decision
+        DecisionObserver { metrics, fail_modes }
     }
 }
 
-/// Counts the decisions of the access context's issuance limiter.
-pub struct MeteredIssuanceLimiter {
-    /// The limiter that decides.
-    pub inner: Arc<dyn access::Limiter>,
-    /// Where decisions are counted.
-    pub metrics: Metrics,
-}
-
-#[async_trait::async_trait]
-impl access::Limiter for MeteredIssuanceLimiter {
-    async fn spend_issuance(
+impl Observer for DecisionObserver {
+    fn decided(
         &self,
-        domain: access::DomainId,
-        policy: Option<access::IssuancePolicy>,
-    ) -> Result<(), access::IssuanceLimitError> {
-        let decision = self.inner.spend_issuance(domain, policy).await;
-        let outcome = match &decision {
-            Ok(()) => Outcome::granted,
-            Err(access::IssuanceLimitError::RateLimited { .. }) => Outcome::refused,
-            Err(access::IssuanceLimitError::Unavailable(_)) => Outcome::error,
+        take: &Take,
+        now: DateTime<Utc>,
+        outcome: Result<(&Decision, Source), &Undecided>,
+        elapsed: Duration,
+    ) {
+        for (_, spend) in take.spends() {
+            self.metrics.take_duration(spend.scope, elapsed);
+        }
+        let (decision, source) = match outcome {
+            Ok(decided) => decided,
+            Err(_) => {
+                for (_, spend) in take.spends() {
+                    self.metrics.decision(spend.scope, Outcome::error);
+                }
+                return;
+            }
         };
-        self.metrics.decision(ScopeLabel(Scope::AccessIssuanceDomain), outcome);
-        decision
-    }
-}
-
-/// Counts the decisions of the ingest context's quota limiter.
-pub struct MeteredQuotaLimiter {
-    /// The limiter that decides.
-    pub inner: Arc<dyn ingest::Limiter>,
-    /// Where decisions are counted.
-    pub metrics: Metrics,
-}
-
-#[async_trait::async_trait]
-impl ingest::Limiter for MeteredQuotaLimiter {
-    async fn spend_bytes(&self, sender: ingest::Sender, bytes: u64) -> Result<(), ingest::QuotaError> {
-        let decision = self.inner.spend_bytes(sender, bytes).await;
-        let (node, domain) = (ScopeLabel(Scope::IngestNode), ScopeLabel(Scope::IngestDomain));
-        match &decision {
-            Ok(()) => self.metrics.pair_decision(node, domain, Outcome::granted),
-            Err(ingest::QuotaError::Exceeded { quota: ingest::Quota::Node, .. }) => {
-                self.metrics.decision(node, Outcome::refused)
+        match decision {
+            // A pair is all-or-nothing: a grant is a grant on both budgets.
+            Decision::Granted(_) => {
+                let outcome =
+                    if source == Source::Fallback { Outcome::fallback_granted } else { Outcome::granted };
+                for (_, spend) in take.spends() {
+                    self.metrics.decision(spend.scope, outcome);
+                }
             }
-            Err(ingest::QuotaError::Exceeded { quota: ingest::Quota::Domain, .. }) => {
-                self.metrics.decision(domain, Outcome::refused)
+            // Only the bucket that refused was decided on.
+            Decision::Refused(refusal) => {
+                let outcome = match source {
+                    Source::Store => Outcome::refused,
+                    Source::Precheck => Outcome::precheck_refused,
+                    Source::Fallback => Outcome::fallback_refused,
+                };
+                if let Some(spend) = take.spend(refusal.which) {
+                    self.metrics.decision(spend.scope, outcome);
+                }
             }
-            Err(ingest::QuotaError::LargerThanQuota { quota, .. }) => self
-                .metrics
-                .decision(if *quota == ingest::Quota::Node { node } else { domain }, Outcome::refused),
-            Err(ingest::QuotaError::Unavailable(_)) => {
-                self.metrics.pair_decision(node, domain, Outcome::error)
+            Decision::InsufficientCapacity(never) => {
+                if let Some(spend) = take.spend(never.which) {
+                    self.metrics.decision(spend.scope, Outcome::refused);
+                }
             }
         }
-        decision
+        if let Some(reading) = rate_limit_headers::binding(take, decision, now) {
+            rate_limit_headers::record(reading);
+        }
+    }
+
+    fn abandoned(&self, take: &Take, elapsed: Duration) {
+        for (_, spend) in take.spends() {
+            self.metrics.take_duration(spend.scope, elapsed);
+            self.metrics.decision(spend.scope, Outcome::error);
+        }
+    }
+
+    fn store_failing(&self, failing: bool) {
+        for (scope, mode) in &self.fail_modes {
+            if *mode == FailMode::Local {
+                self.metrics.set_fallback_active(*scope, failing);
+            }
+        }
     }
 }

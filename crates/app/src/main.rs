@@ -40,6 +40,16 @@ enum BudgetsCommand {
         #[command(flatten)]
         database: app::cli::Database,
     },
+    /// Forget one bucket, so the next take on any replica mints it full (unblocks a caller).
+    Reset {
+        /// The scope: secret_read_node, secret_read_domain, access_issuance_domain,
+        /// ingest_node or ingest_domain.
+        scope: ratebudget::Scope,
+        /// The Node or Domain id.
+        key: uuid::Uuid,
+        #[command(flatten)]
+        database: app::cli::Database,
+    },
 }
 
 #[tokio::main]
@@ -56,6 +66,9 @@ async fn main() -> anyhow::Result<()> {
         Command::Migrate { database } => app::cli::migrate(database.options()?).await,
         Command::Budgets { command: BudgetsCommand::Show { key, database } } => {
             app::cli::show_budgets(database.options()?, key, &mut std::io::stdout()).await
+        }
+        Command::Budgets { command: BudgetsCommand::Reset { scope, key, database } } => {
+            app::cli::reset_budget(database.options()?, scope, key, &mut std::io::stdout()).await
         }
     }
 }

@@ -2,15 +2,21 @@
 //!
 //! Each process (and each instance a test starts) has a registry of its own rather than a
 //! global recorder, so two replicas in one test process report their own leadership.
-
-use std::sync::Arc;
+//!
+//! The reference names its OpenTelemetry instruments `ratelimit.decisions` and
+//! `ratelimit.fallbacks`; here they are `plexsphere_rate_budget_decisions_total` (every
+//! outcome, labelled) and the `fallback_granted`/`fallback_refused` outcomes of it, with
+//! `plexsphere_rate_budget_fallback_active` saying when a scope decides from its fallback.
 
 use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 /// Which budget a decision was about: a rate-budget scope, labelled with the text the table
@@ -24,13 +30,16 @@ impl EncodeLabelValue for ScopeLabel {
     }
 }
 
-/// How a decision came out: `error` is a budget that could not be evaluated (HTTP 500),
-/// never counted as a refusal.
+/// How a decision came out. `error` is a budget that could not be evaluated (HTTP 500), never
+/// counted as a refusal; a take cut off by the request's deadline counts as `error` too.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types, missing_docs)]
 pub enum Outcome {
     granted,
     refused,
+    precheck_refused,
+    fallback_granted,
+    fallback_refused,
     error,
 }
 
@@ -38,6 +47,16 @@ pub enum Outcome {
 struct DecisionLabels {
     scope: ScopeLabel,
     outcome: Outcome,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ScopeLabels {
+    scope: ScopeLabel,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabels {
+    pool: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -52,14 +71,29 @@ enum SweepOutcomeLabel {
     error,
 }
 
+/// Reads a connection set's usage when `/metrics` is scraped: (in use, waiting), with
+/// `None` for waiting where the set cannot tell.
+type PoolProbe = Box<dyn Fn() -> (usize, Option<usize>) + Send + Sync>;
+
 /// The process's metrics; cheap to clone, clones share the registry.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Metrics {
     registry: Arc<Registry>,
     leader: Gauge,
     decisions: Family<DecisionLabels, Counter>,
+    take_duration: Family<ScopeLabels, Histogram>,
+    fallback_active: Family<ScopeLabels, Gauge>,
+    connections_in_use: Family<PoolLabels, Gauge>,
+    connections_waiting: Family<PoolLabels, Gauge>,
+    pools: Arc<Mutex<Vec<(&'static str, PoolProbe)>>>,
     sweeps: Family<SweepLabels, Counter>,
     swept_rows: Counter,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
 }
 
 impl Metrics {
@@ -78,6 +112,32 @@ impl Metrics {
             "Rate-budget decisions by scope and outcome (error: the budget could not be evaluated)",
             decisions.clone(),
         );
+        let take_duration = Family::<ScopeLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new([0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0])
+        });
+        registry.register(
+            "rate_budget_take_duration_seconds",
+            "How long a take took to decide, pre-check and fallback included, by scope",
+            take_duration.clone(),
+        );
+        let fallback_active = Family::<ScopeLabels, Gauge>::default();
+        registry.register(
+            "rate_budget_fallback_active",
+            "1 while the scope decides from this replica's fallback buckets because the shared store is failing",
+            fallback_active.clone(),
+        );
+        let connections_in_use = Family::<PoolLabels, Gauge>::default();
+        registry.register(
+            "db_connections_in_use",
+            "Database connections of a pool in use right now",
+            connections_in_use.clone(),
+        );
+        let connections_waiting = Family::<PoolLabels, Gauge>::default();
+        registry.register(
+            "db_connections_waiting",
+            "Callers waiting for a connection of a pool (only where the pool can tell)",
+            connections_waiting.clone(),
+        );
         let sweeps = Family::<SweepLabels, Counter>::default();
         registry.register(
             "rate_budget_sweeps",
@@ -90,7 +150,18 @@ impl Metrics {
             "Idle rate-budget rows deleted by this replica",
             swept_rows.clone(),
         );
-        Metrics { registry: Arc::new(registry), leader, decisions, sweeps, swept_rows }
+        Metrics {
+            registry: Arc::new(registry),
+            leader,
+            decisions,
+            take_duration,
+            fallback_active,
+            connections_in_use,
+            connections_waiting,
+            pools: Arc::default(),
+            sweeps,
+            swept_rows,
+        }
     }
 
     /// Records whether this replica leads.
@@ -99,14 +170,29 @@ impl Metrics {
     }
 
     /// Counts one decision on one scope.
-    pub fn decision(&self, scope: ScopeLabel, outcome: Outcome) {
-        self.decisions.get_or_create(&DecisionLabels { scope, outcome }).inc();
+    pub fn decision(&self, scope: ratebudget::Scope, outcome: Outcome) {
+        self.decisions.get_or_create(&DecisionLabels { scope: ScopeLabel(scope), outcome }).inc();
     }
 
-    /// Counts one outcome for both buckets of a two-budget take.
-    pub fn pair_decision(&self, first: ScopeLabel, second: ScopeLabel, outcome: Outcome) {
-        self.decision(first, outcome);
-        self.decision(second, outcome);
+    /// Records how long a take on `scope` took.
+    pub fn take_duration(&self, scope: ratebudget::Scope, took: Duration) {
+        self.take_duration
+            .get_or_create(&ScopeLabels { scope: ScopeLabel(scope) })
+            .observe(took.as_secs_f64());
+    }
+
+    /// Records whether `scope` decides from its fallback.
+    pub fn set_fallback_active(&self, scope: ratebudget::Scope, active: bool) {
+        self.fallback_active.get_or_create(&ScopeLabels { scope: ScopeLabel(scope) }).set(i64::from(active));
+    }
+
+    /// Reports `pool`'s usage on every scrape from `probe`.
+    pub fn watch_pool(
+        &self,
+        pool: &'static str,
+        probe: impl Fn() -> (usize, Option<usize>) + Send + Sync + 'static,
+    ) {
+        lock(&self.pools).push((pool, Box::new(probe)));
     }
 
     /// Counts one sweep and the rows it deleted (`None` when it failed).
@@ -118,6 +204,13 @@ impl Metrics {
 
     /// The registry in the OpenMetrics text format.
     pub fn render(&self) -> String {
+        for (pool, probe) in lock(&self.pools).iter() {
+            let (in_use, waiting) = probe();
+            self.connections_in_use.get_or_create(&PoolLabels { pool }).set(in_use as i64);
+            if let Some(waiting) = waiting {
+                self.connections_waiting.get_or_create(&PoolLabels { pool }).set(waiting as i64);
+            }
+        }
         let mut text = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
@@ -129,4 +222,9 @@ impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // The probes list is only ever pushed to; a panic cannot leave it half-written.
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

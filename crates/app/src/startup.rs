@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use ratebudget::{Clock, Decider, Spender, Store, SystemClock};
+use ratebudget::{Clock, Decider, Guard, GuardConfig, Spender, Store, SystemClock};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 use tokio::task::JoinHandle;
@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::http::{self, AppState, CredentialCache, OperatorToken};
 use crate::leader::{self, LeaderTiming, Leadership};
-use crate::limits::{MeteredIssuanceLimiter, MeteredQuotaLimiter, MeteredReadLimiter};
+use crate::limits::DecisionObserver;
 use crate::metrics::Metrics;
 use crate::sweep;
 
@@ -47,6 +47,7 @@ pub struct Application {
     server: JoinHandle<std::io::Result<()>>,
     elector: JoinHandle<()>,
     sweeper: JoinHandle<()>,
+    resets: JoinHandle<()>,
     limiter_store: Store,
 }
 
@@ -62,10 +63,20 @@ impl Application {
 
         let api_pool = request_pool(&config);
         let store = Store::new(limiter_pool(&config));
-        let decider: Arc<dyn Decider> = Arc::new(store.clone());
+        let guard = Arc::new(Guard::new(
+            Arc::new(store.clone()),
+            GuardConfig {
+                decision_timeout: config.decision_timeout,
+                fail_modes: config.fail_modes.clone(),
+                capacity: GuardConfig::DEFAULT_CAPACITY,
+            },
+            Arc::new(DecisionObserver::new(metrics.clone(), config.fail_modes.clone())),
+        ));
+        let decider: Arc<dyn Decider> = guard.clone();
         // The sweep gets a pool of its own so a long sweep never takes a request's connection.
+        // One connection for the sweep, one held by the reset listener, one spare.
         let background_pool = PgPoolOptions::new()
-            .max_connections(2)
+            .max_connections(3)
             .acquire_timeout(Duration::from_secs(10))
             .connect_lazy_with(
                 config
@@ -76,18 +87,20 @@ impl Application {
                     .options([("statement_timeout", "10000")]),
             );
         let state = AppState {
-            access: bind_access(&config, &api_pool, &decider, &wiring, &metrics),
-            secrets: bind_secrets(&config, &api_pool, &decider, &wiring, &metrics),
-            ingest: bind_ingest(&config, &api_pool, &decider, &wiring, &metrics),
+            access: bind_access(&config, &api_pool, &decider, &wiring),
+            secrets: bind_secrets(&config, &api_pool, &decider, &wiring),
+            ingest: bind_ingest(&config, &api_pool, &decider, &wiring),
             budgets: store.clone(),
+            guard: guard.clone(),
             operator_token: OperatorToken::new(&config.operator_token),
             credentials: CredentialCache::new(CREDENTIAL_CACHE_CAPACITY),
-            readiness: api_pool,
+            readiness: api_pool.clone(),
             database_timeout: config.database_timeout,
             ingest_max_batch_bytes: config.ingest_max_batch_bytes,
             metrics: metrics.clone(),
         };
 
+        let state_pools = (api_pool, store.clone(), background_pool.clone());
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("failed to listen on {}", config.listen))?;
@@ -100,6 +113,12 @@ impl Application {
                 .into_future()
         });
 
+        watch_pools(&metrics, &state_pools);
+        let resets = tokio::spawn(ratebudget::follow_resets(
+            background_pool.clone(),
+            guard.clone(),
+            shutdown.clone().cancelled_owned(),
+        ));
         let (leadership, elector) =
             leader::spawn(config.database.clone(), wiring.leader_timing, metrics.clone(), shutdown.clone());
         let sweeper = tokio::spawn(sweep::run(
@@ -119,6 +138,7 @@ impl Application {
             server,
             elector,
             sweeper,
+            resets,
             limiter_store: store,
         })
     }
@@ -149,8 +169,10 @@ impl Application {
     /// # Errors
     /// When the HTTP server failed.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        let Application { shutdown, mut server, mut elector, mut sweeper, limiter_store, .. } = self;
-        let (mut server_result, mut elector_done, mut sweeper_done) = (None, false, false);
+        let Application { shutdown, mut server, mut elector, mut sweeper, mut resets, limiter_store, .. } =
+            self;
+        let (mut server_result, mut elector_done, mut sweeper_done, mut resets_done) =
+            (None, false, false, false);
         tokio::select! {
             // Shutdown first: once it is cancelled every task ends, and that is not news.
             biased;
@@ -167,6 +189,10 @@ impl Application {
                 tracing::error!(loop_name = sweep::LOOP_NAME, "the loop stopped on its own");
                 sweeper_done = true;
             }
+            _ = &mut resets => {
+                tracing::error!("the rate-budget reset listener stopped on its own");
+                resets_done = true;
+            }
         }
         shutdown.cancel();
         let server_result = match server_result {
@@ -181,6 +207,9 @@ impl Application {
         }
         if !elector_done {
             let _ = elector.await;
+        }
+        if !resets_done {
+            let _ = resets.await;
         }
         // No request is in flight any more: say goodbye to the server on the take connections.
         limiter_store.close().await;
@@ -197,6 +226,21 @@ impl Application {
         self.shutdown.cancel();
         self.run_until_stopped().await
     }
+}
+
+/// Reports each connection set's usage on `/metrics`: `api` (the request pool), `limiter`
+/// (the take connections, which also know how many takes wait) and `background`.
+fn watch_pools(metrics: &Metrics, (api, limiter, background): &(PgPool, Store, PgPool)) {
+    let in_use = |pool: &PgPool| pool.size() as usize - pool.num_idle();
+    let api = api.clone();
+    metrics.watch_pool("api", move || (in_use(&api), None));
+    let limiter = limiter.clone();
+    metrics.watch_pool("limiter", move || {
+        let (in_use, waiting) = limiter.connections_in_use_and_waiting();
+        (in_use, Some(waiting))
+    });
+    let background = background.clone();
+    metrics.watch_pool("background", move || (in_use(&background), None));
 }
 
 /// The pool request paths use for the contexts' own tables (secrets, credentials, batches).
@@ -241,16 +285,12 @@ fn bind_access(
     pool: &PgPool,
     decider: &Arc<dyn Decider>,
     wiring: &Wiring,
-    metrics: &Metrics,
 ) -> access::AccessService {
     let limiter = access::RateBudgetIssuanceLimiter::new(
         Spender::new(decider.clone(), wiring.clock.clone()),
         config.limits.access_issuance,
     );
-    access::AccessService::new(
-        Arc::new(access::PgAccessRepository::new(pool.clone())),
-        Arc::new(MeteredIssuanceLimiter { inner: Arc::new(limiter), metrics: metrics.clone() }),
-    )
+    access::AccessService::new(Arc::new(access::PgAccessRepository::new(pool.clone())), Arc::new(limiter))
 }
 
 fn bind_secrets(
@@ -258,17 +298,13 @@ fn bind_secrets(
     pool: &PgPool,
     decider: &Arc<dyn Decider>,
     wiring: &Wiring,
-    metrics: &Metrics,
 ) -> secrets::SecretsService {
     let limiter = secrets::RateBudgetReadLimiter::new(
         Spender::new(decider.clone(), wiring.clock.clone()),
         config.limits.secret_read_node,
         config.limits.secret_read_domain,
     );
-    secrets::SecretsService::new(
-        Arc::new(secrets::PgSecretRepository::new(pool.clone())),
-        Arc::new(MeteredReadLimiter { inner: Arc::new(limiter), metrics: metrics.clone() }),
-    )
+    secrets::SecretsService::new(Arc::new(secrets::PgSecretRepository::new(pool.clone())), Arc::new(limiter))
 }
 
 fn bind_ingest(
@@ -276,15 +312,11 @@ fn bind_ingest(
     pool: &PgPool,
     decider: &Arc<dyn Decider>,
     wiring: &Wiring,
-    metrics: &Metrics,
 ) -> ingest::IngestService {
     let limiter = ingest::RateBudgetQuotaLimiter::new(
         Spender::new(decider.clone(), wiring.clock.clone()),
         config.limits.ingest_node,
         config.limits.ingest_domain,
     );
-    ingest::IngestService::new(
-        Arc::new(ingest::PgBatchRepository::new(pool.clone())),
-        Arc::new(MeteredQuotaLimiter { inner: Arc::new(limiter), metrics: metrics.clone() }),
-    )
+    ingest::IngestService::new(Arc::new(ingest::PgBatchRepository::new(pool.clone())), Arc::new(limiter))
 }

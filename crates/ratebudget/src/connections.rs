@@ -11,6 +11,7 @@
 //! network may have dropped it is pinged before reuse, so an outage that is over does not
 //! fail the first take on each stale connection.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -34,6 +35,8 @@ pub(crate) struct TakeConnections {
     pool: PgPool,
     idle: Mutex<Vec<Idle>>,
     permits: Arc<Semaphore>,
+    size: usize,
+    waiting: AtomicUsize,
 }
 
 impl TakeConnections {
@@ -43,19 +46,27 @@ impl TakeConnections {
             pool,
             idle: Mutex::new(Vec::with_capacity(size)),
             permits: Arc::new(Semaphore::new(size)),
+            size,
+            waiting: AtomicUsize::new(0),
         }
     }
 
     /// A connection for one statement, waiting at most the pool's acquire timeout for a free
     /// one and for a new one to connect.
-    pub(crate) async fn lease(&self) -> Result<Lease<'_>, sqlx::Error> {
+    pub(crate) async fn lease(self: &Arc<Self>) -> Result<Lease, sqlx::Error> {
         let acquire_timeout = self.pool.options().get_acquire_timeout();
-        tokio::time::timeout(acquire_timeout, self.lease_unbounded())
-            .await
-            .map_err(|_| sqlx::Error::PoolTimedOut)?
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        let lease = tokio::time::timeout(acquire_timeout, self.lease_unbounded()).await;
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
+        lease.map_err(|_| sqlx::Error::PoolTimedOut)?
     }
 
-    async fn lease_unbounded(&self) -> Result<Lease<'_>, sqlx::Error> {
+    /// How many connections are leased right now, and how many callers wait for one.
+    pub(crate) fn usage(&self) -> (usize, usize) {
+        (self.size - self.permits.available_permits(), self.waiting.load(Ordering::Relaxed))
+    }
+
+    async fn lease_unbounded(self: &Arc<Self>) -> Result<Lease, sqlx::Error> {
         if self.pool.is_closed() {
             return Err(sqlx::Error::PoolClosed);
         }
@@ -66,7 +77,7 @@ impl TakeConnections {
             let Some(mut idle) = popped else { break };
             if idle.released_at.elapsed() < STALE_AFTER || idle.connection.ping().await.is_ok() {
                 return Ok(Lease {
-                    set: self,
+                    set: self.clone(),
                     connection: Some(idle.connection),
                     opened_at: idle.opened_at,
                     _permit: permit,
@@ -75,7 +86,12 @@ impl TakeConnections {
             // Dead: dropping it closes the socket; try the next one.
         }
         let connection = PgConnection::connect_with(&self.pool.connect_options()).await?;
-        Ok(Lease { set: self, connection: Some(connection), opened_at: Instant::now(), _permit: permit })
+        Ok(Lease {
+            set: self.clone(),
+            connection: Some(connection),
+            opened_at: Instant::now(),
+            _permit: permit,
+        })
     }
 
     /// Closes every idle connection politely and refuses new leases; leases in flight close
@@ -96,14 +112,16 @@ impl TakeConnections {
 
 /// One connection, held for one statement. Dropped without [`Lease::release`], it closes the
 /// connection: the statement failed, or was cancelled and may have left the protocol mid-way.
-pub(crate) struct Lease<'a> {
-    set: &'a TakeConnections,
+/// The permit goes back only after the connection is gone (fields drop in order), so the set
+/// never has more connections open than permits.
+pub(crate) struct Lease {
+    set: Arc<TakeConnections>,
     connection: Option<PgConnection>,
     opened_at: Instant,
     _permit: OwnedSemaphorePermit,
 }
 
-impl Lease<'_> {
+impl Lease {
     pub(crate) fn connection(&mut self) -> &mut PgConnection {
         self.connection.as_mut().expect("a lease holds its connection until released")
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use crate::{Error, Fill, Spend};
+use crate::{Fill, Spend, Undecided};
 
 /// One take: a spend from one bucket, or from two all-or-nothing.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -122,8 +122,9 @@ pub trait Decider: Send + Sync + std::fmt::Debug {
     /// Decides `take` at the caller's `now`.
     ///
     /// # Errors
-    /// [`Error::ZeroKey`] or [`Error::NegativeCost`] before any query; [`Error::InvalidBudget`]
-    /// when one bucket is named twice with two different limits; [`Error::Database`] when the
-    /// store could not answer.
-    async fn decide(&self, take: Take, now: DateTime<Utc>) -> Result<Decision, Error>;
+    /// [`Undecided::Store`] with the store's [`Error`](crate::Error): `ZeroKey` or
+    /// `NegativeCost` before any query, `InvalidBudget` when one bucket is named twice with two
+    /// different limits, `Database` when the store could not answer; and, from a
+    /// [`Guard`](crate::Guard), [`Undecided::TimedOut`] or [`Undecided::StoreFailing`].
+    async fn decide(&self, take: Take, now: DateTime<Utc>) -> Result<Decision, Undecided>;
 }

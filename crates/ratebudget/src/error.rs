@@ -28,3 +28,32 @@ impl From<sqlx::Error> for Error {
         Error::Database(error)
     }
 }
+
+/// Why a take was not decided: the store failed or was not asked. Never a refusal.
+///
+/// [`Error`] is the store's own answer (bad input, or the database); the rest come from the
+/// [`Guard`](crate::Guard) in front of it, whose scopes fail closed.
+#[derive(Debug, thiserror::Error)]
+pub enum Undecided {
+    /// The store answered with an error: bad input, or the database could not answer.
+    #[error(transparent)]
+    Store(#[from] Error),
+    /// The store did not answer within the decision timeout.
+    #[error("the rate-budget store did not answer within {0:?}")]
+    TimedOut(std::time::Duration),
+    /// The store has been failing, so it was not asked (its circuit is open).
+    #[error("the rate-budget store is failing, so it was not asked")]
+    StoreFailing,
+}
+
+impl Undecided {
+    /// Whether this says the store could not answer, rather than that the take was bad input.
+    pub fn is_store_failure(&self) -> bool {
+        !matches!(
+            self,
+            Undecided::Store(
+                Error::UnknownScope(_) | Error::ZeroKey | Error::NegativeCost | Error::InvalidBudget
+            )
+        )
+    }
+}

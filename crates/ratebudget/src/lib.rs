@@ -24,13 +24,15 @@ mod clock;
 mod connections;
 mod decision;
 mod error;
+mod guard;
 mod model;
 mod spender;
 mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decider, Decision, Grant, InsufficientCapacity, Refusal, Take, Which};
-pub use error::Error;
+pub use error::{Error, Undecided};
+pub use guard::{follow_resets, FailMode, Guard, GuardConfig, Observer, Source, Unobserved};
 pub use model::{Budget, Fill, InvalidLimit, Key, Limit, Scope, Spend, IDLE_RETENTION};
 pub use spender::{PairBudget, Spender};
 pub use store::{Bucket, IdleSweep, Store};

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use crate::{Clock, Decider, Decision, Error, Key, Limit, Scope, Spend, Take};
+use crate::{Clock, Decider, Decision, Key, Limit, Scope, Spend, Take, Undecided};
 
 /// Takes through a [`Decider`] at a [`Clock`]'s now; cheap to clone.
 #[derive(Clone, Debug)]
@@ -26,7 +26,7 @@ impl Spender {
     ///
     /// # Errors
     /// As [`Decider::decide`]: the take could not be decided, which is never a refusal.
-    pub async fn spend(&self, take: Take) -> Result<Decision, Error> {
+    pub async fn spend(&self, take: Take) -> Result<Decision, Undecided> {
         self.decider.decide(take, self.clock.now()).await
     }
 
@@ -51,7 +51,7 @@ impl PairBudget {
     ///
     /// # Errors
     /// As [`Spender::spend`].
-    pub async fn spend(&self, first_key: Key, second_key: Key, cost: f64) -> Result<Decision, Error> {
+    pub async fn spend(&self, first_key: Key, second_key: Key, cost: f64) -> Result<Decision, Undecided> {
         let spend = |(scope, limit): (Scope, Limit), key| Spend { scope, key, cost, limit };
         self.spender.spend(Take::Pair(spend(self.first, first_key), spend(self.second, second_key))).await
     }

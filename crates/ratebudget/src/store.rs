@@ -8,13 +8,18 @@ use sqlx::{PgPool, Row};
 use crate::connections::TakeConnections;
 use crate::{
     Budget, Decider, Decision, Error, Fill, Grant, InsufficientCapacity, Key, Limit, Refusal, Scope, Spend,
-    Take, Which,
+    Take, Undecided, Which,
 };
 
 const TAKE: &str = include_str!("../queries/take.sql");
 const DECIDE_PAIR: &str = include_str!("../queries/decide_pair.sql");
 const DELETE_IDLE: &str = include_str!("../queries/delete_idle.sql");
 const BUCKETS: &str = include_str!("../queries/buckets.sql");
+const RESET: &str = include_str!("../queries/reset.sql");
+
+/// The channel [`Store::reset`] notifies on; every replica's [`Guard`](crate::Guard) listens
+/// (see [`follow_resets`](crate::follow_resets)). The payload is `scope:uuid`.
+pub(crate) const RESET_CHANNEL: &str = "plexsphere_rate_budget_reset";
 
 /// The rate budgets of every scope, in one shared table.
 ///
@@ -167,6 +172,29 @@ impl Store {
     /// idle rows take a couple of hundred statements.
     pub const DELETE_IDLE_BATCH: u64 = 5_000;
 
+    /// Forgets the bucket `(scope, key)`, so the next take on any replica mints it full, and
+    /// reports whether it existed: for operators unblocking a caller.
+    ///
+    /// In the same transaction it notifies every replica (`LISTEN`/`NOTIFY`, delivered at
+    /// commit), whose guards forget what they knew of the bucket: a reset is the one thing
+    /// that adds tokens, and a pre-check must never refuse from a row that is gone.
+    ///
+    /// # Errors
+    /// [`Error::ZeroKey`] before any query; [`Error::Database`] when the database did not
+    /// answer (the bucket may or may not have been reset).
+    pub async fn reset(&self, scope: Scope, key: Key) -> Result<bool, Error> {
+        if key.0 == [0; 16] {
+            return Err(Error::ZeroKey);
+        }
+        let existed: bool = sqlx::query_scalar(RESET)
+            .bind(scope.as_str())
+            .bind(key.as_uuid())
+            .bind(RESET_CHANNEL)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(existed)
+    }
+
     /// Every bucket of `key`, across scopes, as stored (not refilled to now).
     ///
     /// A missing bucket is not a problem: the next take mints it full.
@@ -194,21 +222,31 @@ impl Store {
         self.takes.close().await;
     }
 
+    /// How many take connections are in use right now, and how many takes wait for one.
+    pub fn connections_in_use_and_waiting(&self) -> (usize, usize) {
+        self.takes.usage()
+    }
+
     async fn decide_single(&self, spend: Spend, which: Which, now: DateTime<Utc>) -> Result<Decision, Error> {
         if spend.is_free() {
             return Ok(Decision::Granted(Grant::FREE));
         }
-        let mut lease = self.takes.lease().await?;
-        let row: Option<(bool, f64, DateTime<Utc>)> = sqlx::query_as(TAKE)
-            .bind(spend.scope.as_str())
-            .bind(spend.key.as_uuid())
-            .bind(spend.cost)
-            .bind(spend.limit.per_second())
-            .bind(spend.limit.burst())
-            .bind(now)
-            .fetch_optional(lease.connection())
-            .await?;
-        lease.release();
+        let takes = self.takes.clone();
+        let row: Option<(bool, f64, DateTime<Utc>)> = detached(async move {
+            let mut lease = takes.lease().await?;
+            let row = sqlx::query_as(TAKE)
+                .bind(spend.scope.as_str())
+                .bind(spend.key.as_uuid())
+                .bind(spend.cost)
+                .bind(spend.limit.per_second())
+                .bind(spend.limit.burst())
+                .bind(now)
+                .fetch_optional(lease.connection())
+                .await?;
+            lease.release();
+            Ok(row)
+        })
+        .await?;
         let decision = match row {
             Some((true, tokens, refilled_at)) => {
                 let fill = Some(Fill { tokens, refilled_at });
@@ -224,22 +262,27 @@ impl Store {
     }
 
     async fn decide_pair(&self, first: Spend, second: Spend, now: DateTime<Utc>) -> Result<Decision, Error> {
-        let mut lease = self.takes.lease().await?;
-        let row: PairRow = sqlx::query_as(DECIDE_PAIR)
-            .bind(first.scope.as_str())
-            .bind(first.key.as_uuid())
-            .bind(first.cost)
-            .bind(first.limit.per_second())
-            .bind(first.limit.burst())
-            .bind(second.scope.as_str())
-            .bind(second.key.as_uuid())
-            .bind(second.cost)
-            .bind(second.limit.per_second())
-            .bind(second.limit.burst())
-            .bind(now)
-            .fetch_one(lease.connection())
-            .await?;
-        lease.release();
+        let takes = self.takes.clone();
+        let row: PairRow = detached(async move {
+            let mut lease = takes.lease().await?;
+            let row = sqlx::query_as(DECIDE_PAIR)
+                .bind(first.scope.as_str())
+                .bind(first.key.as_uuid())
+                .bind(first.cost)
+                .bind(first.limit.per_second())
+                .bind(first.limit.burst())
+                .bind(second.scope.as_str())
+                .bind(second.key.as_uuid())
+                .bind(second.cost)
+                .bind(second.limit.per_second())
+                .bind(second.limit.burst())
+                .bind(now)
+                .fetch_one(lease.connection())
+                .await?;
+            lease.release();
+            Ok(row)
+        })
+        .await?;
         let fill = |tokens: Option<f64>, refilled_at: Option<DateTime<Utc>>| {
             Some(Fill { tokens: tokens?, refilled_at: refilled_at? })
         };
@@ -257,10 +300,29 @@ impl Store {
     }
 }
 
+/// Runs one statement on a task of its own and waits for it.
+///
+/// A caller that stops waiting (its own deadline passed, or its request was dropped) does not
+/// cancel the statement: it runs to its end on its connection, which then goes back to the
+/// set. So a connection slot is free exactly when its connection is, a stalled database never
+/// sees more connections than the set's size however many callers give up, and no connection
+/// is closed mid-protocol just because a client disconnected. The price is that a debit whose
+/// statement ends after its caller gave up stands (ARCHITECTURE.md, "Deadlines").
+async fn detached<T: Send + 'static>(
+    statement: impl std::future::Future<Output = Result<T, sqlx::Error>> + Send + 'static,
+) -> Result<T, Error> {
+    match tokio::spawn(statement).await {
+        Ok(result) => Ok(result?),
+        Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+        // Only a runtime shutting down cancels the task: nothing will answer any more.
+        Err(_) => Err(Error::Database(sqlx::Error::PoolClosed)),
+    }
+}
+
 #[async_trait::async_trait]
 impl Decider for Store {
-    async fn decide(&self, take: Take, now: DateTime<Utc>) -> Result<Decision, Error> {
-        Store::decide(self, take, now).await
+    async fn decide(&self, take: Take, now: DateTime<Utc>) -> Result<Decision, Undecided> {
+        Ok(Store::decide(self, take, now).await?)
     }
 }
 
@@ -273,7 +335,7 @@ fn refused(spend: Spend, which: Which, judged: Option<Fill>, now: DateTime<Utc>)
 }
 
 /// The row `decide_rate_budget_pair` answers.
-#[derive(sqlx::FromRow)]
+#[derive(sqlx::FromRow, Debug)]
 struct PairRow {
     refused: i16,
     first_tokens: Option<f64>,

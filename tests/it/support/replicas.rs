@@ -31,6 +31,9 @@ pub(crate) fn config(database: &PgConnectOptions, knobs: &[(&str, &str)]) -> Con
         (config::OPERATOR_TOKEN, OPERATOR_TOKEN),
         (config::LISTEN, "127.0.0.1:0"),
         (config::DATABASE_TIMEOUT_MS, "1000"),
+        // Tests run debug builds side by side on two cores: the production 250 ms would turn
+        // a slow machine into 500s. Tests about the timeout set their own.
+        (config::DECISION_TIMEOUT_MS, "1000"),
     ];
     let knobs = Knobs::from_pairs(base.iter().chain(knobs).copied()).unwrap();
     let mut config = Config::from_knobs(&knobs).unwrap();
@@ -44,11 +47,17 @@ pub(crate) struct Answer {
     pub(crate) status: StatusCode,
     pub(crate) retry_after: Option<u64>,
     pub(crate) body: Value,
+    pub(crate) headers: reqwest::header::HeaderMap,
 }
 
 impl Answer {
     pub(crate) fn code(&self) -> &str {
         self.body["code"].as_str().unwrap_or_default()
+    }
+
+    /// A response header's text, if it came.
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|value| value.to_str().unwrap())
     }
 }
 
@@ -115,6 +124,7 @@ impl Replica {
             .headers()
             .get(reqwest::header::RETRY_AFTER)
             .map(|value| value.to_str().unwrap().parse().unwrap());
+        let headers = response.headers().clone();
         let bytes = response.bytes().await.unwrap();
         let body = if bytes.is_empty() {
             Value::Null
@@ -122,7 +132,7 @@ impl Replica {
             serde_json::from_slice(&bytes)
                 .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
         };
-        Answer { status, retry_after, body }
+        Answer { status, retry_after, body, headers }
     }
 
     pub(crate) async fn operator(&self, method: Method, path: &str, body: Option<Value>) -> Answer {

@@ -8,6 +8,7 @@ mod error;
 mod node;
 mod operator;
 mod probes;
+pub mod rate_limit_headers;
 
 use std::cell::Cell;
 use std::future::Future;
@@ -18,7 +19,7 @@ use axum::http::request::Parts;
 use axum::http::HeaderName;
 use axum::middleware::Next;
 use axum::response::Response;
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use axum::Router;
 use sqlx::PgPool;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -41,8 +42,11 @@ pub struct AppState {
     pub secrets: secrets::SecretsService,
     /// Telemetry batches.
     pub ingest: ingest::IngestService,
-    /// The rate budgets, for operators reading one key's buckets.
+    /// The rate budgets, for operators reading and resetting buckets.
     pub budgets: ratebudget::Store,
+    /// This replica's pre-check and fallback in front of the store: a reset made here forgets
+    /// the bucket at once (the others hear of it by notification).
+    pub guard: std::sync::Arc<ratebudget::Guard>,
     /// The operator routes' token.
     pub operator_token: OperatorToken,
     /// Recently authenticated Node tokens.
@@ -117,6 +121,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/domains/{domain_id}/nodes", post(operator::enrol_node))
         .route("/v1/domains/{domain_id}/secrets/{name}", put(operator::put_secret))
         .route("/v1/budgets/{key}", get(operator::show_budgets))
+        .route("/v1/budgets/{scope}/{key}", delete(operator::reset_budget))
         .layer(DefaultBodyLimit::max(OPERATOR_BODY_LIMIT))
         .route("/v1/secrets/{name}", get(node::read_secret))
         .route("/v1/ingest", post(node::ingest).layer(DefaultBodyLimit::max(max_batch)))
@@ -126,6 +131,7 @@ pub fn router(state: AppState) -> Router {
         .fallback(probes::not_found)
         .method_not_allowed_fallback(probes::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), database_time))
+        .layer(axum::middleware::from_fn(rate_limit_headers::add_fields))
         // A failure is logged once, where it becomes a response (error.rs), so the trace
         // layer only opens the span and logs each response at debug level.
         .layer(

@@ -160,3 +160,24 @@ pub(super) async fn show_budgets(
         .collect();
     Ok(Json(body))
 }
+
+#[derive(Serialize)]
+pub(super) struct ResetBody {
+    existed: bool,
+}
+
+/// `DELETE /v1/budgets/{scope}/{key}`: forgets one bucket, so the next take on any replica
+/// mints it full.
+pub(super) async fn reset_budget(
+    _: Operator,
+    State(state): State<AppState>,
+    PathParams((scope, key)): PathParams<(String, String)>,
+) -> Result<Json<ResetBody>, ApiError> {
+    let scope: ratebudget::Scope = scope.parse().map_err(ApiError::bad_request)?;
+    let key = parse_uuid(&key, "key")?;
+    let existed = state.bounded("resetting a budget", state.budgets.reset(scope, key.into())).await??;
+    // This replica forgets at once; the others when the reset's notification reaches them.
+    state.guard.forget(scope, key.into());
+    tracing::info!(%scope, %key, existed, "operator reset a rate budget");
+    Ok(Json(ResetBody { existed }))
+}

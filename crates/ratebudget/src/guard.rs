@@ -1,0 +1,579 @@
+//! The layer in front of a shared store that keeps floods cheap and outages survivable.
+//!
+//! A [`Guard`] is a [`Decider`] wrapping another (the [`Store`](crate::Store)), per replica.
+//! It adds, in the order a take meets them:
+//!
+//! 1. **The pre-check.** Per bucket it keeps (a) the reference's local bucket, twice the
+//!    burst at the same rate, debited when a take is sent to the store and refunded when the
+//!    store does not debit; and (b) the bucket's row as the store last described it (what a
+//!    grant left, or what a refusal judged). A take whose cost (b) cannot cover yet, or that
+//!    (a) cannot cover, is refused here, without a statement.
+//! 2. **The store**, asked with a deadline (the decision timeout), behind a circuit: after a
+//!    few failures in a row the store is not asked at all, but probed twice a second, and asked
+//!    again as soon as a probe answers.
+//! 3. **The fail mode** of each scope when the store cannot answer or is not asked: `Closed`
+//!    (the take is [`Undecided`], an HTTP 500) or `Local` (an in-memory bucket of the same
+//!    limit decides, per replica, and a warning is logged at most once a minute per scope).
+//!
+//! # Which takes the pre-check refuses that the store would admit
+//!
+//! None, with one bounded exception. (b) refuses when `limit.level(row, now) < cost`, the
+//! store's own arithmetic ([`Limit::level`]) on a row the store wrote or read. Every later
+//! version of that row was written by a take, and a take only lowers a bucket: whatever it
+//! spent is gone, and refill is a deterministic function of the instant. So the row the store
+//! would judge holds at most what the known one does, and the store refuses too. A reset is
+//! the one thing that adds tokens, and it tells every replica to forget the bucket (see
+//! [`Store::reset`](crate::Store::reset) and [`follow_resets`]). (a) debits only what the store
+//! debits, in the end, and starts at twice the burst, so it always holds at least what the
+//! shared bucket does: it refuses only when the shared bucket would too, and in practice only
+//! bites when more than twice the burst is in flight at once.
+//!
+//! The exception is clock skew between replicas. A take writes the row as refilled up to its
+//! caller's instant. If a replica whose clock runs ahead of this one spends `c` from the
+//! bucket after this one learned the row, the new row holds, at this replica's earlier
+//! instant, the refill up to the other's later one, less `c`; when the skew exceeds
+//! `c / rate` that is more than the learned row implies, and the pre-check refuses what the
+//! store would admit. It only ever under-admits, by at most the skew's worth of refill, and
+//! skew is bounded by the clock discipline (docs/adr). (Costs below the float spacing of a
+//! bucket's level, about 1e-15 of its burst, are not meaningful and not covered.)
+//! `tests/it/guard.rs` checks all of this against the store with random workloads.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use crate::{Decider, Decision, Fill, Grant, Key, Limit, Refusal, Scope, Spend, Take, Undecided, Which};
+
+/// How a scope decides when the store cannot answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FailMode {
+    /// The take is [`Undecided`]: callers answer 500. The reference's rule, and the default.
+    Closed,
+    /// An in-memory bucket of the same limit decides, per replica, until the store answers.
+    Local,
+}
+
+/// What a [`Guard`] is told at build time.
+#[derive(Clone, Debug)]
+pub struct GuardConfig {
+    /// The longest a take waits for the store before it counts as not answered.
+    pub decision_timeout: Duration,
+    /// Each scope's fail mode; a scope not named fails closed.
+    pub fail_modes: HashMap<Scope, FailMode>,
+    /// The most buckets the pre-check and fallback remember; the least recently useful are
+    /// forgotten first, which is always safe (a forgotten bucket is simply asked about).
+    pub capacity: u64,
+}
+
+impl GuardConfig {
+    /// The reference's decision timeout: 250 ms.
+    pub const DEFAULT_DECISION_TIMEOUT: Duration = Duration::from_millis(250);
+    /// A hundred thousand buckets, a few tens of megabytes at most.
+    pub const DEFAULT_CAPACITY: u64 = 100_000;
+
+    fn fail_mode(&self, scope: Scope) -> FailMode {
+        self.fail_modes.get(&scope).copied().unwrap_or(FailMode::Closed)
+    }
+}
+
+/// Where a decision came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The shared store.
+    Store,
+    /// This replica's pre-check, without a statement.
+    Precheck,
+    /// This replica's in-memory fallback, because the store could not answer.
+    Fallback,
+}
+
+/// Told about every decision a [`Guard`] makes, for metrics and response headers.
+///
+/// Called on the deciding caller's task, synchronously: keep it cheap.
+pub trait Observer: Send + Sync + fmt::Debug {
+    /// `take`, asked at `now`, was decided (`Ok`) by `source`, or not decided (`Err`), after
+    /// `elapsed`.
+    fn decided(
+        &self,
+        take: &Take,
+        now: DateTime<Utc>,
+        outcome: Result<(&Decision, Source), &Undecided>,
+        elapsed: Duration,
+    );
+
+    /// The caller stopped waiting for `take` (its own deadline passed, or its request went
+    /// away) after `elapsed`, before an answer: it was not decided as far as it knows.
+    fn abandoned(&self, take: &Take, elapsed: Duration);
+
+    /// The store started (`true`) or stopped (`false`) being treated as failing; scopes that
+    /// fail locally now decide from their fallback (or from the store again).
+    fn store_failing(&self, failing: bool);
+}
+
+/// An [`Observer`] that ignores everything.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Unobserved;
+
+impl Observer for Unobserved {
+    fn decided(&self, _: &Take, _: DateTime<Utc>, _: Result<(&Decision, Source), &Undecided>, _: Duration) {}
+    fn abandoned(&self, _: &Take, _: Duration) {}
+    fn store_failing(&self, _: bool) {}
+}
+
+/// Which bucket an entry is about.
+type BucketId = (Scope, Key);
+
+/// A take's spends with their entries.
+type Entries = smallvec::SmallVec<[(Which, Spend, Arc<Mutex<Entry>>); 2]>;
+
+/// What this replica remembers about one bucket.
+#[derive(Debug)]
+struct Entry {
+    /// (a): twice the burst, debited on the way to the store.
+    local: LocalBucket,
+    /// (b): the row as the store last described it.
+    known: Option<Fill>,
+    /// The bucket that decides when the store cannot, sized like the shared one.
+    fallback: LocalBucket,
+}
+
+/// An in-memory token bucket: a level as of an instant; `None` until first used (full).
+#[derive(Clone, Copy, Debug, Default)]
+struct LocalBucket(Option<(f64, DateTime<Utc>)>);
+
+impl LocalBucket {
+    fn level(self, per_second: f64, ceiling: f64, now: DateTime<Utc>) -> f64 {
+        match self.0 {
+            None => ceiling,
+            Some((level, at)) => {
+                let elapsed = (now - at).num_microseconds().map_or(f64::INFINITY, |us| us as f64 / 1e6);
+                ceiling.min(level + elapsed.max(0.0) * per_second)
+            }
+        }
+    }
+
+    /// Sets the level at `now`, never moving the instant back (a clock behind refills
+    /// nothing, as in the store).
+    fn set(&mut self, level: f64, now: DateTime<Utc>) {
+        let at = self.0.map_or(now, |(_, at)| at.max(now));
+        self.0 = Some((level, at));
+    }
+}
+
+/// The pre-check's ceiling for a limit: twice the burst, as the reference's local bucket.
+fn precheck_ceiling(limit: Limit) -> f64 {
+    2.0 * limit.burst()
+}
+
+/// The circuit in front of the store.
+#[derive(Debug)]
+enum Circuit {
+    /// The store answers; `failures` in a row so far.
+    Closed { failures: u32 },
+    /// The store is failing: it is not asked, but probed (one take at a time) from `next_probe`.
+    Open { next_probe: Instant, probing: bool },
+}
+
+/// Failures in a row that open the circuit: one slow statement is not an outage, three are.
+const FAILURES_TO_OPEN: u32 = 3;
+/// How often an open circuit lets one take through to the store to see whether it answers.
+const PROBE_INTERVAL: Duration = Duration::from_millis(500);
+/// The most often a scope deciding from its fallback says so in the log.
+const WARN_EVERY: Duration = Duration::from_secs(60);
+
+/// Whether to ask the store.
+enum Ask {
+    Yes { probe: bool },
+    No,
+}
+
+/// The pre-check, fallback and circuit in front of a shared store. Cheap to share (`Arc`).
+pub struct Guard {
+    inner: Arc<dyn Decider>,
+    config: GuardConfig,
+    observer: Arc<dyn Observer>,
+    entries: quick_cache::sync::Cache<BucketId, Arc<Mutex<Entry>>>,
+    circuit: Mutex<Circuit>,
+    warned: Mutex<HashMap<Scope, Instant>>,
+}
+
+impl fmt::Debug for Guard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Guard")
+            .field("inner", &self.inner)
+            .field("config", &self.config)
+            .field("entries", &self.entries.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Guard {
+    /// A guard in front of `inner`, telling `observer` about every decision.
+    pub fn new(inner: Arc<dyn Decider>, config: GuardConfig, observer: Arc<dyn Observer>) -> Guard {
+        let entries = quick_cache::sync::Cache::new(config.capacity as usize);
+        Guard {
+            inner,
+            config,
+            observer,
+            entries,
+            circuit: Mutex::new(Circuit::Closed { failures: 0 }),
+            warned: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Forgets what this replica knows of one bucket: after a reset, which adds tokens.
+    pub fn forget(&self, scope: Scope, key: Key) {
+        self.entries.remove(&(scope, key));
+    }
+
+    /// Forgets every bucket of a scope: after its limit grew.
+    pub fn forget_scope(&self, scope: Scope) {
+        self.entries.retain(|(entry_scope, _), _| *entry_scope != scope);
+    }
+
+    /// Forgets everything: when resets may have been missed (the listener reconnected).
+    pub fn forget_all(&self) {
+        self.entries.clear();
+    }
+
+    /// Whether the store is treated as failing right now (its circuit is open).
+    pub fn store_failing(&self) -> bool {
+        matches!(*lock(&self.circuit), Circuit::Open { .. })
+    }
+
+    async fn decide_guarded(&self, take: Take, now: DateTime<Utc>) -> Result<(Decision, Source), Undecided> {
+        for (_, spend) in take.spends() {
+            spend.validate().map_err(Undecided::Store)?;
+        }
+        // The store answers these without a query (free, never fits) or as one combined take
+        // (one bucket twice); there is nothing for the pre-check to save or the fallback to do.
+        let same_bucket = matches!(take, Take::Pair(a, b) if (a.scope, a.key) == (b.scope, b.key));
+        if same_bucket || take.spends().any(|(_, spend)| spend.never_fits() || spend.is_free()) {
+            return Ok((self.inner.decide(take, now).await?, Source::Store));
+        }
+        // At most two: kept inline, since this runs for every take.
+        let entries: Entries = take
+            .spends()
+            .map(|(which, spend)| {
+                let entry = self.entries.get_or_insert_with(&(spend.scope, spend.key), || {
+                    Ok::<_, std::convert::Infallible>(Arc::new(Mutex::new(Entry {
+                        local: LocalBucket::default(),
+                        known: None,
+                        fallback: LocalBucket::default(),
+                    })))
+                });
+                let Ok(entry) = entry;
+                (which, spend, entry)
+            })
+            .collect();
+
+        if let Some(refusal) = precheck(&entries, now) {
+            return Ok((Decision::Refused(refusal), Source::Precheck));
+        }
+        reserve(&entries, now);
+
+        let answer = match self.ask() {
+            Ask::No => None,
+            Ask::Yes { probe } => {
+                let answer =
+                    tokio::time::timeout(self.config.decision_timeout, self.inner.decide(take, now)).await;
+                let answer = answer.unwrap_or(Err(Undecided::TimedOut(self.config.decision_timeout)));
+                match &answer {
+                    Ok(_) => self.store_answered(),
+                    Err(undecided) if undecided.is_store_failure() => self.store_failed(probe),
+                    Err(_) => {}
+                }
+                Some(answer)
+            }
+        };
+        let undecided = match answer {
+            Some(Ok(decision)) => {
+                learn(&entries, &decision, now);
+                return Ok((decision, Source::Store));
+            }
+            Some(Err(undecided)) if !undecided.is_store_failure() => {
+                refund(&entries, now);
+                return Err(undecided);
+            }
+            Some(Err(undecided)) => undecided,
+            None => Undecided::StoreFailing,
+        };
+        refund(&entries, now);
+        // A take decides locally only when every scope it spends allows it: one budget that
+        // fails closed fails the take closed.
+        if entries.iter().all(|(_, spend, _)| self.config.fail_mode(spend.scope) == FailMode::Local) {
+            self.warn_fallback(&entries, &undecided);
+            Ok((fallback(&entries, now), Source::Fallback))
+        } else {
+            Err(undecided)
+        }
+    }
+
+    fn ask(&self) -> Ask {
+        let mut circuit = lock(&self.circuit);
+        match &mut *circuit {
+            Circuit::Closed { .. } => Ask::Yes { probe: false },
+            Circuit::Open { next_probe, probing } if !*probing && Instant::now() >= *next_probe => {
+                *probing = true;
+                Ask::Yes { probe: true }
+            }
+            Circuit::Open { .. } => Ask::No,
+        }
+    }
+
+    fn store_answered(&self) {
+        let was_open = {
+            let mut circuit = lock(&self.circuit);
+            let was_open = matches!(*circuit, Circuit::Open { .. });
+            *circuit = Circuit::Closed { failures: 0 };
+            was_open
+        };
+        if was_open {
+            tracing::info!("the rate-budget store answers again; deciding from it");
+            self.observer.store_failing(false);
+        }
+    }
+
+    fn store_failed(&self, probe: bool) {
+        let opened = {
+            let mut circuit = lock(&self.circuit);
+            match &mut *circuit {
+                Circuit::Closed { failures } => {
+                    *failures += 1;
+                    let open = *failures >= FAILURES_TO_OPEN;
+                    if open {
+                        *circuit =
+                            Circuit::Open { next_probe: Instant::now() + PROBE_INTERVAL, probing: false };
+                    }
+                    open
+                }
+                Circuit::Open { next_probe, probing } => {
+                    if probe {
+                        *next_probe = Instant::now() + PROBE_INTERVAL;
+                        *probing = false;
+                    }
+                    false
+                }
+            }
+        };
+        if opened {
+            tracing::warn!(
+                "the rate-budget store keeps failing; not asking it, probing every {PROBE_INTERVAL:?}"
+            );
+            self.observer.store_failing(true);
+        }
+    }
+
+    fn warn_fallback(&self, entries: &[(Which, Spend, Arc<Mutex<Entry>>)], undecided: &Undecided) {
+        let now = Instant::now();
+        let mut warned = lock(&self.warned);
+        for (_, spend, _) in entries {
+            let due = warned.get(&spend.scope).is_none_or(|last| now.duration_since(*last) >= WARN_EVERY);
+            if due {
+                warned.insert(spend.scope, now);
+                tracing::warn!(scope = %spend.scope, cause = %undecided, "deciding from this replica's fallback bucket: the shared store cannot answer (said at most once a minute)");
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Decider for Guard {
+    async fn decide(&self, take: Take, now: DateTime<Utc>) -> Result<Decision, Undecided> {
+        let mut pending =
+            Pending { observer: &*self.observer, take, started: Instant::now(), answered: false };
+        let outcome = self.decide_guarded(take, now).await;
+        pending.answered = true;
+        let elapsed = pending.started.elapsed();
+        match &outcome {
+            Ok((decision, source)) => self.observer.decided(&take, now, Ok((decision, *source)), elapsed),
+            Err(undecided) => self.observer.decided(&take, now, Err(undecided), elapsed),
+        }
+        outcome.map(|(decision, _)| decision)
+    }
+}
+
+/// Tells the observer about a take whose caller stopped waiting: dropped before it answered.
+struct Pending<'a> {
+    observer: &'a dyn Observer,
+    take: Take,
+    started: Instant,
+    answered: bool,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.observer.abandoned(&self.take, self.started.elapsed());
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Every value behind these locks is whole between statements; a panic cannot tear one.
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A refusal the pre-check can give without the store, if any: (b) first, whose wait is
+/// exact, then (a).
+fn precheck(entries: &[(Which, Spend, Arc<Mutex<Entry>>)], now: DateTime<Utc>) -> Option<Refusal> {
+    for (which, spend, entry) in entries {
+        let known = lock(entry).known;
+        if let Some(fill) = known {
+            if spend.limit.level(fill, now) < spend.cost {
+                let retry_after = spend.limit.time_to_cover(fill, spend.cost, now);
+                return Some(Refusal { which: *which, retry_after, judged: Some(fill) });
+            }
+        }
+    }
+    for (which, spend, entry) in entries {
+        let local = lock(entry).local;
+        if local.level(spend.limit.per_second(), precheck_ceiling(spend.limit), now) < spend.cost {
+            // The shared level is unknown, only below the cost: the wait an empty bucket
+            // needs bounds it.
+            let empty = Fill { tokens: 0.0, refilled_at: now };
+            let retry_after = spend.limit.time_to_cover(empty, spend.cost, now);
+            return Some(Refusal { which: *which, retry_after, judged: None });
+        }
+    }
+    None
+}
+
+/// Debits each spend's (a) bucket on the way to the store.
+fn reserve(entries: &[(Which, Spend, Arc<Mutex<Entry>>)], now: DateTime<Utc>) {
+    adjust_local(entries, now, -1.0);
+}
+
+/// Gives back what [`reserve`] took: the store did not debit.
+fn refund(entries: &[(Which, Spend, Arc<Mutex<Entry>>)], now: DateTime<Utc>) {
+    adjust_local(entries, now, 1.0);
+}
+
+fn adjust_local(entries: &[(Which, Spend, Arc<Mutex<Entry>>)], now: DateTime<Utc>, sign: f64) {
+    for (_, spend, entry) in entries {
+        let mut entry = lock(entry);
+        let ceiling = precheck_ceiling(spend.limit);
+        let level = entry.local.level(spend.limit.per_second(), ceiling, now);
+        entry.local.set((level + sign * spend.cost).min(ceiling), now);
+    }
+}
+
+/// Remembers what the store said about each bucket, and refunds (a) when it did not debit.
+fn learn(entries: &[(Which, Spend, Arc<Mutex<Entry>>)], decision: &Decision, now: DateTime<Utc>) {
+    match decision {
+        Decision::Granted(grant) => {
+            for (which, _, entry) in entries {
+                if let Some(fill) = grant.remaining(*which) {
+                    lock(entry).known = Some(fill);
+                }
+            }
+        }
+        Decision::Refused(refusal) => {
+            refund(entries, now);
+            if let Some(fill) = refusal.judged {
+                if let Some((_, _, entry)) = entries.iter().find(|(which, _, _)| *which == refusal.which) {
+                    lock(entry).known = Some(fill);
+                }
+            }
+        }
+        Decision::InsufficientCapacity(_) => refund(entries, now),
+    }
+}
+
+/// Decides from this replica's fallback buckets, all-or-nothing, as the store would.
+fn fallback(entries: &[(Which, Spend, Arc<Mutex<Entry>>)], now: DateTime<Utc>) -> Decision {
+    // Both entries of a pair are held at once, so they are locked in one global order, as
+    // the store locks rows: two takes naming the buckets in opposite orders cannot deadlock.
+    let mut ordered: Vec<&(Which, Spend, Arc<Mutex<Entry>>)> = entries.iter().collect();
+    ordered.sort_by_key(|(_, spend, _)| (spend.scope, spend.key));
+    let mut guards: Vec<_> =
+        ordered.into_iter().map(|(which, spend, entry)| (*which, *spend, lock(entry))).collect();
+    guards.sort_by_key(|(which, _, _)| *which == Which::Second);
+    for (which, spend, entry) in &guards {
+        let level = entry.fallback.level(spend.limit.per_second(), spend.limit.burst(), now);
+        if level < spend.cost {
+            let fill = Fill { tokens: level, refilled_at: now };
+            let retry_after = spend.limit.time_to_cover(fill, spend.cost, now);
+            // Not the store's row: nothing the pre-check may learn from.
+            return Decision::Refused(Refusal { which: *which, retry_after, judged: None });
+        }
+    }
+    let mut grant = Grant::FREE;
+    for (which, spend, entry) in &mut guards {
+        let left = entry.fallback.level(spend.limit.per_second(), spend.limit.burst(), now) - spend.cost;
+        entry.fallback.set(left, now);
+        let fill = Some(Fill { tokens: left, refilled_at: now });
+        match which {
+            Which::First => grant.first = fill,
+            Which::Second => grant.second = fill,
+        }
+    }
+    Decision::Granted(grant)
+}
+
+/// Follows resets from every replica until `shutdown`: each one makes `guard` forget its
+/// bucket, so the next take asks the store (which mints it full).
+///
+/// When the listening connection is lost, notifications sent meanwhile are lost too, so on
+/// every reconnect the guard forgets everything, which is always safe.
+pub async fn follow_resets(
+    pool: sqlx::PgPool,
+    guard: Arc<Guard>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) {
+    tokio::pin!(shutdown);
+    loop {
+        let mut listener = loop {
+            match listen(&pool).await {
+                Ok(listener) => break listener,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot listen for rate-budget resets; retrying");
+                    tokio::select! {
+                        () = &mut shutdown => return,
+                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+            }
+        };
+        // Anything reset while nobody listened is unknown.
+        guard.forget_all();
+        loop {
+            let message = tokio::select! {
+                () = &mut shutdown => return,
+                message = listener.try_recv() => message,
+            };
+            match message {
+                Ok(Some(notification)) => match parse_reset(notification.payload()) {
+                    Some((scope, key)) => guard.forget(scope, key),
+                    None => tracing::warn!(
+                        payload = notification.payload(),
+                        "ignoring a malformed reset notification"
+                    ),
+                },
+                // The connection was lost; try_recv reconnects on the next call, but what was
+                // sent in between is gone.
+                Ok(None) => guard.forget_all(),
+                Err(error) => {
+                    tracing::warn!(%error, "lost the rate-budget reset listener; reconnecting");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+async fn listen(pool: &sqlx::PgPool) -> Result<sqlx::postgres::PgListener, sqlx::Error> {
+    let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
+    listener.listen(crate::store::RESET_CHANNEL).await?;
+    Ok(listener)
+}
+
+/// `scope:uuid`, as [`Store::reset`](crate::Store::reset) sends it.
+fn parse_reset(payload: &str) -> Option<(Scope, Key)> {
+    let (scope, key) = payload.split_once(':')?;
+    Some((scope.parse().ok()?, uuid::Uuid::parse_str(key).ok()?.into()))
+}
