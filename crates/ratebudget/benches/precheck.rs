@@ -6,6 +6,8 @@
 //! cargo bench -p ratebudget --bench precheck -- --database-url postgres://postgres@127.0.0.1:5432/plexsphere_bench_precheck
 //! ```
 //!
+//! The take benchmark's table (`cargo bench -p ratebudget --bench take`) ends with these rows.
+//!
 //! It recreates that database, spends the burst of 10,000 buckets through a [`Guard`] (so the
 //! guard knows each is empty), then times a loop of takes over those keys on a
 //! single-threaded runtime, with the clock standing still so that none refills. It counts
@@ -53,7 +55,34 @@ impl Observer for Sources {
     fn store_failing(&self, _: bool) {}
 }
 
-#[allow(clippy::print_stdout)]
+/// What one run measured: refusals a second by the guard's pre-check and by governor, and
+/// how many measured takes reached the store (always 0, or the run fails).
+pub(crate) struct PrecheckRun {
+    pub(crate) ours: f64,
+    pub(crate) governor: f64,
+    pub(crate) statements: u64,
+}
+
+impl PrecheckRun {
+    /// The run as rows of the take benchmark's table.
+    pub(crate) fn rows(&self) -> String {
+        format!(
+            "{:<34} {:>14} {:>22}\n{:<34} {:>14.0} {:>22}\n{:<34} {:>14.0} {:>22}\nratio ours/governor: {:.2}",
+            "limiter (one core, 10k keys)",
+            "refusals/s",
+            "database statements",
+            "ratebudget Guard pre-check",
+            self.ours,
+            self.statements,
+            "governor keyed (DashMap, in memory)",
+            self.governor,
+            "-",
+            self.ours / self.governor
+        )
+    }
+}
+
+#[allow(dead_code, clippy::print_stdout)]
 fn main() {
     let mut database_url = "postgres://postgres@127.0.0.1:5432/plexsphere_bench_precheck".to_owned();
     let mut words = std::env::args().skip(1);
@@ -64,9 +93,14 @@ fn main() {
             other => panic!("unknown argument {other:?}"),
         }
     }
+    println!("{}", run(&database_url).rows());
+}
+
+/// Measures the pre-check and governor on `database_url` (recreated), on one core.
+pub(crate) fn run(database_url: &str) -> PrecheckRun {
     // One core: a current-thread runtime, and the loop below never yields to the database.
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let options = PgConnectOptions::from_str(&database_url).unwrap();
+    let options = PgConnectOptions::from_str(database_url).unwrap();
     let (guard, sources, keys) = runtime.block_on(prepare(&options));
     let limit = Limit::new(10.0, 20.0).unwrap();
     let now = Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap();
@@ -81,8 +115,8 @@ fn main() {
         }
     });
     let ours = MEASURED as f64 / started.elapsed().as_secs_f64();
-    let reached_store = sources.store.load(Ordering::Relaxed) - before_store;
-    assert_eq!(reached_store, 0, "measured takes reached the store");
+    let statements = sources.store.load(Ordering::Relaxed) - before_store;
+    assert_eq!(statements, 0, "measured takes reached the store");
 
     // governor's keyed limiter, the same quota, the same keys, each already spent, on a clock
     // that stands still as ours does.
@@ -102,11 +136,7 @@ fn main() {
         assert!(governor.check_key(&keys[i % KEYS]).is_err());
     }
     let theirs = MEASURED as f64 / started.elapsed().as_secs_f64();
-
-    println!("{:<34} {:>14} {:>22}", "limiter (one core, 10k keys)", "refusals/s", "database statements");
-    println!("{:<34} {:>14.0} {:>22}", "ratebudget Guard pre-check", ours, reached_store);
-    println!("{:<34} {:>14.0} {:>22}", "governor keyed (DashMap, in memory)", theirs, "-");
-    println!("ratio ours/governor: {:.2}", ours / theirs);
+    PrecheckRun { ours, governor: theirs, statements }
 }
 
 async fn prepare(options: &PgConnectOptions) -> (Guard, Arc<Sources>, Vec<Key>) {

@@ -113,6 +113,10 @@ async fn keys(pool: &sqlx::PgPool, scope: &str) -> Vec<Key> {
     ids.into_iter().map(Key::from).collect()
 }
 
+#[path = "precheck.rs"]
+#[allow(dead_code)]
+mod precheck;
+
 fn main() {
     let args = parse_args();
     // Two workers, like the service's runtime on this two-core machine.
@@ -132,6 +136,16 @@ fn main() {
             None => table(&args).await,
         }
     });
+    if args.workload.is_none() && !args.setup_only {
+        // The last rows: refusals the guard's pre-check gives without a statement, on one
+        // core, beside governor's keyed limiter (its own database, its own runtime).
+        let url = args.database_url.replace("plexsphere_bench", "plexsphere_bench_precheck");
+        #[allow(clippy::print_stdout)]
+        {
+            println!();
+            println!("{}", precheck::run(&url).rows());
+        }
+    }
 }
 
 /// Recreates the benchmark database, migrated and seeded.
