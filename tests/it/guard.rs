@@ -37,6 +37,7 @@ fn guard(store: &Store, observer: Arc<dyn Observer>, fail_mode: FailMode) -> Gua
     let config = GuardConfig {
         decision_timeout: StdDuration::from_secs(5),
         fail_modes: Scope::ALL.into_iter().map(|scope| (scope, fail_mode)).collect(),
+        named_fail_modes: Default::default(),
         capacity: 1000,
     };
     Guard::new(Arc::new(store.clone()), config, observer)

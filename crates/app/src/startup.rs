@@ -68,6 +68,7 @@ impl Application {
             GuardConfig {
                 decision_timeout: config.decision_timeout,
                 fail_modes: config.fail_modes.clone(),
+                named_fail_modes: Default::default(),
                 capacity: GuardConfig::DEFAULT_CAPACITY,
             },
             Arc::new(DecisionObserver::new(metrics.clone(), config.fail_modes.clone())),

@@ -54,7 +54,8 @@ pub enum SweepError {
     TimedOut(Duration),
 }
 
-/// Deletes every bucket idle since before `now - RETENTION`, one batch statement at a time,
+/// Deletes every bucket idle since before `now - RETENTION`, then every named limiter's key
+/// whose budget is back to full, one batch statement at a time,
 /// for as long as `keep_going` allows between batches; returns how many it deleted.
 ///
 /// # Errors
@@ -65,7 +66,8 @@ pub async fn sweep_once(
     mut keep_going: impl FnMut() -> bool,
 ) -> Result<u64, SweepError> {
     let retention = chrono::TimeDelta::from_std(RETENTION).expect("an hour is a valid time delta");
-    let mut sweep = store.sweep_idle(clock.now() - retention);
+    let now = clock.now();
+    let mut sweep = store.sweep_idle(now - retention).and_expired(now);
     while keep_going() {
         match tokio::time::timeout(BATCH_TIMEOUT, sweep.next_batch()).await {
             Err(_) => return Err(SweepError::TimedOut(BATCH_TIMEOUT)),

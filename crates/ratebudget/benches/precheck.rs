@@ -151,6 +151,7 @@ async fn prepare(options: &PgConnectOptions) -> (Guard, Arc<Sources>, Vec<Key>) 
     let config = GuardConfig {
         decision_timeout: Duration::from_secs(5),
         fail_modes: Default::default(),
+        named_fail_modes: Default::default(),
         capacity: 2 * KEYS as u64,
     };
     let guard = Guard::new(Arc::new(Store::new(pool.clone())), config, sources.clone());

@@ -11,28 +11,31 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use crate::{Fill, Spend, Undecided};
+use crate::{Fill, NamedSpend, Spend, Undecided};
 
-/// One take: a spend from one bucket, or from two all-or-nothing.
+/// One take: a spend from one bucket, or from two all-or-nothing, or a request against a
+/// named (GCRA) limiter.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Take {
     /// One bucket.
     Single(Spend),
     /// Two buckets, both debited or neither; [`Which::First`] is reported when both refuse.
     Pair(Spend, Spend),
+    /// One key of a named limiter; its answers name [`Which::First`].
+    Named(NamedSpend),
 }
 
 impl Take {
-    /// The spend `which` names, if this take has it.
+    /// The bucket spend `which` names, if this take has it (a named take has none).
     pub fn spend(&self, which: Which) -> Option<Spend> {
         match (self, which) {
             (Take::Single(spend) | Take::Pair(spend, _), Which::First) => Some(*spend),
             (Take::Pair(_, spend), Which::Second) => Some(*spend),
-            (Take::Single(_), Which::Second) => None,
+            (Take::Single(_) | Take::Named(_), _) => None,
         }
     }
 
-    /// Each spend with its position.
+    /// Each bucket spend with its position (none for a named take).
     pub fn spends(&self) -> impl Iterator<Item = (Which, Spend)> + '_ {
         [Which::First, Which::Second].into_iter().filter_map(|which| Some((which, self.spend(which)?)))
     }
@@ -70,11 +73,18 @@ impl Decision {
 pub struct Grant {
     pub(crate) first: Option<Fill>,
     pub(crate) second: Option<Fill>,
+    /// For a named limiter: the key's TAT as the grant set it, and the cells it leaves.
+    pub(crate) named: Option<(DateTime<Utc>, u32)>,
 }
 
 impl Grant {
     /// A grant that looked at no bucket (every cost was zero).
-    pub(crate) const FREE: Grant = Grant { first: None, second: None };
+    pub(crate) const FREE: Grant = Grant { first: None, second: None, named: None };
+
+    /// For a named limiter's grant: the cells left at the decision's instant.
+    pub fn cells_left(&self) -> Option<u32> {
+        self.named.map(|(_, left)| left)
+    }
 
     /// The bucket `which` right after the debit: `tokens` is what is left at the decision's
     /// instant. `None` for a spend of zero cost, which is granted without looking at its bucket.
@@ -96,8 +106,12 @@ pub struct Refusal {
     pub retry_after: Duration,
     /// The bucket as the refusal judged it. `None` when a concurrent take won the last tokens
     /// under the row lock, so the level is known only to be below the cost; `retry_after` is
-    /// then the time an empty bucket takes to cover it, which bounds the wait.
+    /// then the time an empty bucket takes to cover it, which bounds the wait. Always `None`
+    /// for a named limiter, whose state is `tat`.
     pub judged: Option<Fill>,
+    /// For a named limiter, the key's theoretical arrival time as the refusal judged it
+    /// (`None` when a concurrent request won under the lock, or for a bucket).
+    pub tat: Option<DateTime<Utc>>,
 }
 
 /// A cost no bucket of its budget can ever cover.

@@ -46,7 +46,11 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use crate::{Decider, Decision, Fill, Grant, Key, Limit, Refusal, Scope, Spend, Take, Undecided, Which};
+use crate::named::{self, Gcra};
+use crate::{
+    Decider, Decision, Fill, Grant, Key, Limit, LimiterName, NamedKey, NamedSpend, Refusal, Scope, Spend,
+    Take, Undecided, Which,
+};
 
 /// How a scope decides when the store cannot answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -64,6 +68,8 @@ pub struct GuardConfig {
     pub decision_timeout: Duration,
     /// Each scope's fail mode; a scope not named fails closed.
     pub fail_modes: HashMap<Scope, FailMode>,
+    /// Each named limiter's fail mode; a limiter not named fails closed.
+    pub named_fail_modes: HashMap<LimiterName, FailMode>,
     /// The most buckets the pre-check and fallback remember; the least recently useful are
     /// forgotten first, which is always safe (a forgotten bucket is simply asked about).
     pub capacity: u64,
@@ -75,8 +81,12 @@ impl GuardConfig {
     /// A hundred thousand buckets, a few tens of megabytes at most.
     pub const DEFAULT_CAPACITY: u64 = 100_000;
 
-    fn fail_mode(&self, scope: Scope) -> FailMode {
-        self.fail_modes.get(&scope).copied().unwrap_or(FailMode::Closed)
+    fn fail_mode(&self, class: Class) -> FailMode {
+        let mode = match class {
+            Class::Scope(scope) => self.fail_modes.get(&scope),
+            Class::Limiter(name) => self.named_fail_modes.get(&name),
+        };
+        mode.copied().unwrap_or(FailMode::Closed)
     }
 }
 
@@ -125,7 +135,27 @@ impl Observer for Unobserved {
 }
 
 /// Which bucket an entry is about.
-type BucketId = (Scope, Key);
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum BucketId {
+    Budget(Scope, Key),
+    Named(LimiterName, NamedKey),
+}
+
+/// What a fail mode and a fallback warning are set per: a scope, or a named limiter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Class {
+    Scope(Scope),
+    Limiter(LimiterName),
+}
+
+impl fmt::Display for Class {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Class::Scope(scope) => fmt::Display::fmt(scope, f),
+            Class::Limiter(name) => fmt::Display::fmt(name, f),
+        }
+    }
+}
 
 /// A take's spends with their entries.
 type Entries = smallvec::SmallVec<[(Which, Spend, Arc<Mutex<Entry>>); 2]>;
@@ -137,6 +167,8 @@ struct Entry {
     local: LocalBucket,
     /// (b): the row as the store last described it.
     known: Option<Fill>,
+    /// (b) for a named limiter: the key's TAT (µs) as the store last described it.
+    known_tat: Option<i64>,
     /// The bucket that decides when the store cannot, sized like the shared one.
     fallback: LocalBucket,
 }
@@ -198,7 +230,7 @@ pub struct Guard {
     observer: Arc<dyn Observer>,
     entries: quick_cache::sync::Cache<BucketId, Arc<Mutex<Entry>>>,
     circuit: Mutex<Circuit>,
-    warned: Mutex<HashMap<Scope, Instant>>,
+    warned: Mutex<HashMap<Class, Instant>>,
 }
 
 impl fmt::Debug for Guard {
@@ -227,17 +259,58 @@ impl Guard {
 
     /// Forgets what this replica knows of one bucket: after a reset, which adds tokens.
     pub fn forget(&self, scope: Scope, key: Key) {
-        self.entries.remove(&(scope, key));
+        self.entries.remove(&BucketId::Budget(scope, key));
+    }
+
+    /// Forgets one key of a named limiter: after a reset.
+    pub fn forget_named(&self, limiter: LimiterName, key: NamedKey) {
+        self.entries.remove(&BucketId::Named(limiter, key));
     }
 
     /// Forgets every bucket of a scope: after its limit grew.
     pub fn forget_scope(&self, scope: Scope) {
-        self.entries.retain(|(entry_scope, _), _| *entry_scope != scope);
+        self.entries.retain(|id, _| !matches!(id, BucketId::Budget(entry_scope, _) if *entry_scope == scope));
+    }
+
+    /// Forgets a key of a limiter known only by its name's text (a reset notification).
+    fn forget_named_by_text(&self, limiter: &str, key: NamedKey) {
+        self.entries
+            .retain(|id, _| !matches!(id, BucketId::Named(name, k) if name.as_str() == limiter && *k == key));
+    }
+
+    fn entry(&self, id: BucketId) -> Arc<Mutex<Entry>> {
+        let entry = self.entries.get_or_insert_with(&id, || {
+            Ok::<_, std::convert::Infallible>(Arc::new(Mutex::new(Entry {
+                local: LocalBucket::default(),
+                known: None,
+                known_tat: None,
+                fallback: LocalBucket::default(),
+            })))
+        });
+        let Ok(entry) = entry;
+        entry
     }
 
     /// Forgets everything: when resets may have been missed (the listener reconnected).
     pub fn forget_all(&self) {
         self.entries.clear();
+    }
+
+    /// The refusal the pre-check already knows for `spend` at `now`, without asking the store
+    /// or spending anything: for a caller that must not do costly work (a credential lookup,
+    /// say) on behalf of a key whose budget is known to be spent. `None` means "not known to
+    /// be refused", not "granted".
+    pub fn known_refusal(&self, spend: NamedSpend, now: DateTime<Utc>) -> Option<Refusal> {
+        let gcra = Gcra::of(spend.limit)?;
+        let entry = self.entries.get(&BucketId::Named(spend.limiter, spend.key))?;
+        let tat = lock(&entry).known_tat?;
+        let (now_us, earliest) = (named::micros(now), gcra.earliest(tat, spend.cells));
+        (now_us < earliest).then(|| Refusal {
+            which: Which::First,
+            retry_after: named::until(now_us, earliest),
+            judged: None,
+            tat: Some(named::instant(tat)),
+        })
     }
 
     /// Whether the store is treated as failing right now (its circuit is open).
@@ -246,6 +319,9 @@ impl Guard {
     }
 
     async fn decide_guarded(&self, take: Take, now: DateTime<Utc>) -> Result<(Decision, Source), Undecided> {
+        if let Take::Named(spend) = take {
+            return self.decide_named(spend, now).await;
+        }
         for (_, spend) in take.spends() {
             spend.validate().map_err(Undecided::Store)?;
         }
@@ -258,17 +334,7 @@ impl Guard {
         // At most two: kept inline, since this runs for every take.
         let entries: Entries = take
             .spends()
-            .map(|(which, spend)| {
-                let entry = self.entries.get_or_insert_with(&(spend.scope, spend.key), || {
-                    Ok::<_, std::convert::Infallible>(Arc::new(Mutex::new(Entry {
-                        local: LocalBucket::default(),
-                        known: None,
-                        fallback: LocalBucket::default(),
-                    })))
-                });
-                let Ok(entry) = entry;
-                (which, spend, entry)
-            })
+            .map(|(which, spend)| (which, spend, self.entry(BucketId::Budget(spend.scope, spend.key))))
             .collect();
 
         if let Some(refusal) = precheck(&entries, now) {
@@ -276,20 +342,7 @@ impl Guard {
         }
         reserve(&entries, now);
 
-        let answer = match self.ask() {
-            Ask::No => None,
-            Ask::Yes { probe } => {
-                let answer =
-                    tokio::time::timeout(self.config.decision_timeout, self.inner.decide(take, now)).await;
-                let answer = answer.unwrap_or(Err(Undecided::TimedOut(self.config.decision_timeout)));
-                match &answer {
-                    Ok(_) => self.store_answered(),
-                    Err(undecided) if undecided.is_store_failure() => self.store_failed(probe),
-                    Err(_) => {}
-                }
-                Some(answer)
-            }
-        };
+        let answer = self.ask_store(take, now).await;
         let undecided = match answer {
             Some(Ok(decision)) => {
                 learn(&entries, &decision, now);
@@ -305,11 +358,125 @@ impl Guard {
         refund(&entries, now);
         // A take decides locally only when every scope it spends allows it: one budget that
         // fails closed fails the take closed.
-        if entries.iter().all(|(_, spend, _)| self.config.fail_mode(spend.scope) == FailMode::Local) {
-            self.warn_fallback(&entries, &undecided);
+        let classes: smallvec::SmallVec<[Class; 2]> =
+            entries.iter().map(|(_, spend, _)| Class::Scope(spend.scope)).collect();
+        if classes.iter().all(|class| self.config.fail_mode(*class) == FailMode::Local) {
+            self.warn_fallback(&classes, &undecided);
             Ok((fallback(&entries, now), Source::Fallback))
         } else {
             Err(undecided)
+        }
+    }
+
+    /// A named limiter's take: the same pre-check, store, circuit and fail mode, in GCRA's
+    /// terms. The pre-check refuses when the TAT the store last gave makes the cells not
+    /// conform yet: concurrent requests only push a TAT later, so the store would too.
+    async fn decide_named(
+        &self,
+        spend: NamedSpend,
+        now: DateTime<Utc>,
+    ) -> Result<(Decision, Source), Undecided> {
+        let Some(gcra) = Gcra::of(spend.limit).filter(|gcra| (1..=gcra.burst).contains(&spend.cells)) else {
+            // Free, never fits, or an unusable limit: the store answers without a query.
+            return Ok((self.inner.decide(Take::Named(spend), now).await?, Source::Store));
+        };
+        let entry = self.entry(BucketId::Named(spend.limiter, spend.key));
+        let now_us = named::micros(now);
+        let cost = f64::from(spend.cells);
+        let (rate, ceiling) = (spend.limit.per_second(), 2.0 * f64::from(gcra.burst));
+        {
+            let mut known = lock(&entry);
+            if let Some(tat) = known.known_tat {
+                let earliest = gcra.earliest(tat, spend.cells);
+                if now_us < earliest {
+                    let retry_after = named::until(now_us, earliest);
+                    let refusal = Refusal {
+                        which: Which::First,
+                        retry_after,
+                        judged: None,
+                        tat: Some(named::instant(tat)),
+                    };
+                    return Ok((Decision::Refused(refusal), Source::Precheck));
+                }
+            }
+            let level = known.local.level(rate, ceiling, now);
+            if level < cost {
+                let retry_after = named::until(now_us, now_us + i64::from(spend.cells) * gcra.t);
+                let refusal = Refusal { which: Which::First, retry_after, judged: None, tat: None };
+                return Ok((Decision::Refused(refusal), Source::Precheck));
+            }
+            known.local.set(level - cost, now);
+        }
+        let refund = |entry: &Mutex<Entry>| {
+            let mut entry = lock(entry);
+            let level = entry.local.level(rate, ceiling, now);
+            entry.local.set((level + cost).min(ceiling), now);
+        };
+        let undecided = match self.ask_store(Take::Named(spend), now).await {
+            Some(Ok(decision)) => {
+                let tat = match &decision {
+                    Decision::Granted(grant) => grant.named.map(|(tat, _)| tat),
+                    Decision::Refused(refusal) => {
+                        refund(&entry);
+                        refusal.tat
+                    }
+                    Decision::InsufficientCapacity(_) => {
+                        refund(&entry);
+                        None
+                    }
+                };
+                if let Some(tat) = tat {
+                    lock(&entry).known_tat = Some(named::micros(tat));
+                }
+                return Ok((decision, Source::Store));
+            }
+            Some(Err(undecided)) if !undecided.is_store_failure() => {
+                refund(&entry);
+                return Err(undecided);
+            }
+            Some(Err(undecided)) => undecided,
+            None => Undecided::StoreFailing,
+        };
+        refund(&entry);
+        let class = Class::Limiter(spend.limiter);
+        if self.config.fail_mode(class) != FailMode::Local {
+            return Err(undecided);
+        }
+        self.warn_fallback(&[class], &undecided);
+        // The fallback is a token bucket of the same rate and burst: this replica's own
+        // approximation of the shared GCRA while the store cannot answer.
+        let mut entry = lock(&entry);
+        let level = entry.fallback.level(rate, f64::from(gcra.burst), now);
+        let decision = if level >= cost {
+            entry.fallback.set(level - cost, now);
+            Decision::Granted(Grant {
+                first: None,
+                second: None,
+                named: Some((now, (level - cost).floor() as u32)),
+            })
+        } else {
+            let wait = ((cost - level) / rate * 1e6).ceil() as i64;
+            let retry_after = named::until(now_us, now_us + wait);
+            Decision::Refused(Refusal { which: Which::First, retry_after, judged: None, tat: None })
+        };
+        Ok((decision, Source::Fallback))
+    }
+
+    /// Asks the store, with the decision timeout, unless the circuit says not to (`None`).
+    async fn ask_store(&self, take: Take, now: DateTime<Utc>) -> Option<Result<Decision, Undecided>> {
+        match self.ask() {
+            Ask::No => None,
+            Ask::Yes { probe } => {
+                let answer =
+                    tokio::time::timeout(self.config.decision_timeout, self.inner.decide(take, now)).await;
+                let answer = answer.unwrap_or(Err(Undecided::TimedOut(self.config.decision_timeout)));
+                match &answer {
+                    Ok(_) => self.store_answered(),
+                    Err(undecided) if undecided.is_store_failure() => self.store_failed(probe),
+                    Err(_) => {}
+                }
+                Some(answer)
+            }
         }
     }
 
@@ -368,14 +535,14 @@ impl Guard {
         }
     }
 
-    fn warn_fallback(&self, entries: &[(Which, Spend, Arc<Mutex<Entry>>)], undecided: &Undecided) {
+    fn warn_fallback(&self, classes: &[Class], undecided: &Undecided) {
         let now = Instant::now();
         let mut warned = lock(&self.warned);
-        for (_, spend, _) in entries {
-            let due = warned.get(&spend.scope).is_none_or(|last| now.duration_since(*last) >= WARN_EVERY);
+        for class in classes {
+            let due = warned.get(class).is_none_or(|last| now.duration_since(*last) >= WARN_EVERY);
             if due {
-                warned.insert(spend.scope, now);
-                tracing::warn!(scope = %spend.scope, cause = %undecided, "deciding from this replica's fallback bucket: the shared store cannot answer (said at most once a minute)");
+                warned.insert(*class, now);
+                tracing::warn!(scope = %class, cause = %undecided, "deciding from this replica's fallback bucket: the shared store cannot answer (said at most once a minute)");
             }
         }
     }
@@ -426,7 +593,7 @@ fn precheck(entries: &[(Which, Spend, Arc<Mutex<Entry>>)], now: DateTime<Utc>) -
         if let Some(fill) = known {
             if spend.limit.level(fill, now) < spend.cost {
                 let retry_after = spend.limit.time_to_cover(fill, spend.cost, now);
-                return Some(Refusal { which: *which, retry_after, judged: Some(fill) });
+                return Some(Refusal { which: *which, retry_after, judged: Some(fill), tat: None });
             }
         }
     }
@@ -437,7 +604,7 @@ fn precheck(entries: &[(Which, Spend, Arc<Mutex<Entry>>)], now: DateTime<Utc>) -
             // needs bounds it.
             let empty = Fill { tokens: 0.0, refilled_at: now };
             let retry_after = spend.limit.time_to_cover(empty, spend.cost, now);
-            return Some(Refusal { which: *which, retry_after, judged: None });
+            return Some(Refusal { which: *which, retry_after, judged: None, tat: None });
         }
     }
     None
@@ -499,7 +666,7 @@ fn fallback(entries: &[(Which, Spend, Arc<Mutex<Entry>>)], now: DateTime<Utc>) -
             let fill = Fill { tokens: level, refilled_at: now };
             let retry_after = spend.limit.time_to_cover(fill, spend.cost, now);
             // Not the store's row: nothing the pre-check may learn from.
-            return Decision::Refused(Refusal { which: *which, retry_after, judged: None });
+            return Decision::Refused(Refusal { which: *which, retry_after, judged: None, tat: None });
         }
     }
     let mut grant = Grant::FREE;
@@ -548,7 +715,8 @@ pub async fn follow_resets(
             };
             match message {
                 Ok(Some(notification)) => match parse_reset(notification.payload()) {
-                    Some((scope, key)) => guard.forget(scope, key),
+                    Some(Reset::Budget(scope, key)) => guard.forget(scope, key),
+                    Some(Reset::Named(limiter, key)) => guard.forget_named_by_text(limiter, key),
                     None => tracing::warn!(
                         payload = notification.payload(),
                         "ignoring a malformed reset notification"
@@ -572,8 +740,26 @@ async fn listen(pool: &sqlx::PgPool) -> Result<sqlx::postgres::PgListener, sqlx:
     Ok(listener)
 }
 
-/// `scope:uuid`, as [`Store::reset`](crate::Store::reset) sends it.
-fn parse_reset(payload: &str) -> Option<(Scope, Key)> {
+/// What a reset notification names.
+enum Reset<'a> {
+    Budget(Scope, Key),
+    Named(&'a str, NamedKey),
+}
+
+/// `scope:uuid` ([`Store::reset`](crate::Store::reset)) or `named:limiter:hex`
+/// ([`Store::reset_named`](crate::Store::reset_named)).
+fn parse_reset(payload: &str) -> Option<Reset<'_>> {
+    if let Some(named) = payload.strip_prefix("named:") {
+        let (limiter, hex) = named.split_once(':')?;
+        let mut key = [0u8; 32];
+        if hex.len() != 64 {
+            return None;
+        }
+        for (i, byte) in key.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+        }
+        return Some(Reset::Named(limiter, NamedKey(key)));
+    }
     let (scope, key) = payload.split_once(':')?;
-    Some((scope.parse().ok()?, uuid::Uuid::parse_str(key).ok()?.into()))
+    Some(Reset::Budget(scope.parse().ok()?, uuid::Uuid::parse_str(key).ok()?.into()))
 }

@@ -26,6 +26,7 @@ mod decision;
 mod error;
 mod guard;
 mod model;
+mod named;
 mod spender;
 mod store;
 
@@ -34,5 +35,6 @@ pub use decision::{Decider, Decision, Grant, InsufficientCapacity, Refusal, Take
 pub use error::{Error, Undecided};
 pub use guard::{follow_resets, FailMode, Guard, GuardConfig, Observer, Source, Unobserved};
 pub use model::{Budget, Fill, InvalidLimit, Key, Limit, Scope, Spend, IDLE_RETENTION};
+pub use named::{InvalidName, LimiterName, NamedKey, NamedSpend};
 pub use spender::{PairBudget, Spender};
 pub use store::{Bucket, IdleSweep, Store};

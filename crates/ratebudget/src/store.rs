@@ -6,9 +6,10 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Row};
 
 use crate::connections::TakeConnections;
+use crate::named::Gcra;
 use crate::{
-    Budget, Decider, Decision, Error, Fill, Grant, InsufficientCapacity, Key, Limit, Refusal, Scope, Spend,
-    Take, Undecided, Which,
+    named, Budget, Decider, Decision, Error, Fill, Grant, InsufficientCapacity, Key, Limit, LimiterName,
+    NamedKey, NamedSpend, Refusal, Scope, Spend, Take, Undecided, Which,
 };
 
 const TAKE: &str = include_str!("../queries/take.sql");
@@ -16,6 +17,9 @@ const DECIDE_PAIR: &str = include_str!("../queries/decide_pair.sql");
 const DELETE_IDLE: &str = include_str!("../queries/delete_idle.sql");
 const BUCKETS: &str = include_str!("../queries/buckets.sql");
 const RESET: &str = include_str!("../queries/reset.sql");
+const DECIDE_NAMED: &str = include_str!("../queries/decide_named.sql");
+const RESET_NAMED: &str = include_str!("../queries/reset_named.sql");
+const DELETE_EXPIRED: &str = include_str!("../queries/delete_expired.sql");
 
 /// The channel [`Store::reset`] notifies on; every replica's [`Guard`](crate::Guard) listens
 /// (see [`follow_resets`](crate::follow_resets)). The payload is `scope:uuid`.
@@ -123,6 +127,7 @@ impl Store {
         let (first, second) = match take {
             Take::Single(spend) => return self.decide_single(spend, Which::First, now).await,
             Take::Pair(first, second) => (first, second),
+            Take::Named(spend) => return self.decide_named(spend, now).await,
         };
         if (first.scope, first.key) == (second.scope, second.key) {
             if first.limit != second.limit {
@@ -145,8 +150,9 @@ impl Store {
     }
 
     /// An idle sweep deleting every bucket last taken from before `before`, batch by batch.
+    /// [`IdleSweep::and_expired`] extends it to named limiters' expired keys.
     pub fn sweep_idle(&self, before: DateTime<Utc>) -> IdleSweep<'_> {
-        IdleSweep { store: self, before, deleted: 0, done: false }
+        IdleSweep { store: self, before, expired_at: None, phase: Phase::Buckets, deleted: 0 }
     }
 
     /// Deletes every bucket last taken from before `before` and returns how many it deleted.
@@ -193,6 +199,34 @@ impl Store {
             .fetch_one(&self.pool)
             .await?;
         Ok(existed)
+    }
+
+    /// Forgets one key of a named limiter, so its next request finds a full budget, and
+    /// reports whether it had a row; every replica's guard hears of it, as for [`Store::reset`].
+    ///
+    /// # Errors
+    /// [`Error::Database`] when the database did not answer.
+    pub async fn reset_named(&self, limiter: LimiterName, key: NamedKey) -> Result<bool, Error> {
+        let existed: bool = sqlx::query_scalar(RESET_NAMED)
+            .bind(limiter.as_str())
+            .bind(&key.0[..])
+            .bind(RESET_CHANNEL)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(existed)
+    }
+
+    /// Deletes at most `limit` keys of named limiters whose budget is back to full at `now`
+    /// (their TAT has passed: exactly what a missing row means), and returns how many. The
+    /// sweep repeats it until a batch comes back short.
+    ///
+    /// # Errors
+    /// [`Error::Database`] when the database did not answer.
+    pub async fn delete_expired(&self, limit: u64, now: DateTime<Utc>) -> Result<u64, Error> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let done =
+            sqlx::query(DELETE_EXPIRED).bind(named::micros(now)).bind(limit).execute(&self.pool).await?;
+        Ok(done.rows_affected())
     }
 
     /// Every bucket of `key`, across scopes, as stored (not refilled to now).
@@ -251,7 +285,7 @@ impl Store {
             Some((true, tokens, refilled_at)) => {
                 let fill = Some(Fill { tokens, refilled_at });
                 let (first, second) = if which == Which::First { (fill, None) } else { (None, fill) };
-                Decision::Granted(Grant { first, second })
+                Decision::Granted(Grant { first, second, named: None })
             }
             Some((false, tokens, refilled_at)) => {
                 refused(spend, which, Some(Fill { tokens, refilled_at }), now)
@@ -289,7 +323,7 @@ impl Store {
         let first_fill = fill(row.first_tokens, row.first_refilled_at);
         let second_fill = fill(row.second_tokens, row.second_refilled_at);
         match row.refused {
-            0 => Ok(Decision::Granted(Grant { first: first_fill, second: second_fill })),
+            0 => Ok(Decision::Granted(Grant { first: first_fill, second: second_fill, named: None })),
             1 => Ok(refused(first, Which::First, first_fill, now)),
             2 => Ok(refused(second, Which::Second, second_fill, now)),
             other => Err(Error::Database(sqlx::Error::Decode(
@@ -319,6 +353,61 @@ async fn detached<T: Send + 'static>(
     }
 }
 
+impl Store {
+    async fn decide_named(&self, spend: NamedSpend, now: DateTime<Utc>) -> Result<Decision, Error> {
+        // A limit whose burst is below one whole cell admits nothing: misconfiguration.
+        let gcra = Gcra::of(spend.limit).ok_or(Error::InvalidBudget)?;
+        if spend.cells == 0 {
+            return Ok(Decision::Granted(Grant::FREE));
+        }
+        if spend.cells > gcra.burst {
+            let (cost, burst) = (f64::from(spend.cells), f64::from(gcra.burst));
+            return Ok(Decision::InsufficientCapacity(InsufficientCapacity {
+                which: Which::First,
+                cost,
+                burst,
+            }));
+        }
+        let now_us = named::micros(now);
+        let takes = self.takes.clone();
+        let row: Option<(bool, i64)> = detached(async move {
+            let mut lease = takes.lease().await?;
+            let row = sqlx::query_as(DECIDE_NAMED)
+                .bind(spend.limiter.as_str())
+                .bind(&spend.key.0[..])
+                .bind(now_us)
+                .bind(gcra.t)
+                .bind(gcra.tau)
+                .bind(i64::from(spend.cells))
+                .fetch_optional(lease.connection())
+                .await?;
+            lease.release();
+            Ok(row)
+        })
+        .await?;
+        Ok(match row {
+            Some((true, tat)) => {
+                let named = Some((named::instant(tat), gcra.remaining(tat, now_us)));
+                Decision::Granted(Grant { first: None, second: None, named })
+            }
+            Some((false, tat)) => Decision::Refused(Refusal {
+                which: Which::First,
+                retry_after: named::until(now_us, gcra.earliest(tat, spend.cells)),
+                judged: None,
+                tat: Some(named::instant(tat)),
+            }),
+            // Lost under the lock: the TAT is unknown, past `now`; a whole interval per cell
+            // from now bounds the wait.
+            None => Decision::Refused(Refusal {
+                which: Which::First,
+                retry_after: named::until(now_us, now_us + i64::from(spend.cells) * gcra.t),
+                judged: None,
+                tat: None,
+            }),
+        })
+    }
+}
+
 #[async_trait::async_trait]
 impl Decider for Store {
     async fn decide(&self, take: Take, now: DateTime<Utc>) -> Result<Decision, Undecided> {
@@ -331,7 +420,7 @@ impl Decider for Store {
 fn refused(spend: Spend, which: Which, judged: Option<Fill>, now: DateTime<Utc>) -> Decision {
     let basis = judged.unwrap_or(Fill { tokens: 0.0, refilled_at: now });
     let retry_after = spend.limit.time_to_cover(basis, spend.cost, now);
-    Decision::Refused(Refusal { which, retry_after, judged })
+    Decision::Refused(Refusal { which, retry_after, judged, tat: None })
 }
 
 /// The row `decide_rate_budget_pair` answers.
@@ -345,7 +434,8 @@ struct PairRow {
 }
 
 /// An idle sweep in progress: [`IdleSweep::next_batch`] deletes one batch of at most
-/// [`Store::DELETE_IDLE_BATCH`] buckets, until a batch comes back short.
+/// [`Store::DELETE_IDLE_BATCH`] rows, idle buckets first and then, if asked for, named
+/// limiters' expired keys, each until a batch comes back short.
 ///
 /// This is the one sweep loop: [`Store::delete_idle`] runs it to the end, the service's
 /// leader runs it with a deadline per batch and stops between batches when it loses
@@ -354,35 +444,66 @@ struct PairRow {
 pub struct IdleSweep<'a> {
     store: &'a Store,
     before: DateTime<Utc>,
+    expired_at: Option<DateTime<Utc>>,
+    phase: Phase,
     deleted: u64,
-    done: bool,
+}
+
+/// What an [`IdleSweep`] deletes next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Buckets,
+    NamedKeys,
+    Done,
 }
 
 impl IdleSweep<'_> {
-    /// Deletes the next batch and returns how many buckets it deleted; `None` once a batch
-    /// came back short (or failed), which means every idle bucket is gone.
+    /// Also deletes the keys of named limiters whose budget is back to full at `now`, after
+    /// the idle buckets.
+    pub fn and_expired(mut self, now: DateTime<Utc>) -> Self {
+        self.expired_at = Some(now);
+        self
+    }
+
+    /// Deletes the next batch and returns how many rows it deleted; `None` once every phase
+    /// came back short (or a batch failed), which means nothing idle or expired is left.
     ///
     /// A batch skips rows a take holds (`SKIP LOCKED`), so the sweep never waits on a take.
     pub async fn next_batch(&mut self) -> Option<Result<u64, Error>> {
-        if self.done {
-            return None;
-        }
+        let phase = self.phase;
         // Done unless this batch comes back full; a cancelled or failed batch ends the sweep.
-        self.done = true;
+        self.phase = Phase::Done;
         let limit = i64::try_from(Store::DELETE_IDLE_BATCH).unwrap_or(i64::MAX);
-        let result = sqlx::query(DELETE_IDLE).bind(self.before).bind(limit).execute(&self.store.pool).await;
+        let result = match (phase, self.expired_at) {
+            (Phase::Done, _) => return None,
+            (Phase::Buckets, _) => {
+                sqlx::query(DELETE_IDLE).bind(self.before).bind(limit).execute(&self.store.pool).await
+            }
+            (Phase::NamedKeys, Some(now)) => {
+                sqlx::query(DELETE_EXPIRED)
+                    .bind(named::micros(now))
+                    .bind(limit)
+                    .execute(&self.store.pool)
+                    .await
+            }
+            (Phase::NamedKeys, None) => return None,
+        };
         Some(match result {
             Ok(done) => {
                 let batch = done.rows_affected();
                 self.deleted += batch;
-                self.done = batch < Store::DELETE_IDLE_BATCH;
+                self.phase = match phase {
+                    _ if batch == Store::DELETE_IDLE_BATCH => phase,
+                    Phase::Buckets if self.expired_at.is_some() => Phase::NamedKeys,
+                    _ => Phase::Done,
+                };
                 Ok(batch)
             }
             Err(error) => Err(Error::Database(error)),
         })
     }
 
-    /// How many buckets the sweep has deleted so far.
+    /// How many rows the sweep has deleted so far.
     pub fn deleted(&self) -> u64 {
         self.deleted
     }

@@ -130,8 +130,12 @@ mod tests {
             spend(Scope::SecretReadDomain, 100.0, 200.0),
         );
         let judged = Fill { tokens: 0.5, refilled_at: now() };
-        let refusal =
-            Refusal { which: Which::Second, retry_after: Duration::from_millis(5), judged: Some(judged) };
+        let refusal = Refusal {
+            which: Which::Second,
+            retry_after: Duration::from_millis(5),
+            judged: Some(judged),
+            tat: None,
+        };
         let reading = binding(&take, &Decision::Refused(refusal), now()).unwrap();
         // 199.5 tokens to go at 100 a second: 1.995 s, said as 2.
         assert_eq!(

@@ -1,0 +1,202 @@
+//! Named limiters: GCRA budgets keyed by arbitrary strings, shared by every replica.
+//!
+//! The token buckets of [`Scope`](crate::Scope) are keyed by a Node or a Domain, a uuid, and
+//! spend fractional costs such as bytes. Some limits are keyed by things that are not ids at
+//! all, such as the address a failed authentication came from, and count whole events; for
+//! those, a named limiter keeps one row per key in `plexsphere.named_limits` holding the
+//! key's theoretical arrival time (GCRA), as the ratelimitpg reference does.
+//!
+//! When to use which: a token bucket when the cost varies per request or two budgets must be
+//! spent together (reads, bytes); a named limiter when the key is any string and each event
+//! costs a whole number of cells (attempts, logins). Both decide in one statement, refuse
+//! without locking or writing when the snapshot foresees it, take the limit with every
+//! decision, and sit behind the same [`Guard`](crate::Guard).
+//!
+//! The arithmetic is governor's, in integer microseconds: emission interval
+//! `t = round(1e6 / rate)` (at least 1 µs), tolerance `tau = t * (burst - 1)` with the burst
+//! rounded down to whole cells. `n` cells conform at `now` when
+//! `now >= tat + (n - 1) * t - tau`, and a grant moves `tat` to `max(tat, now) + n * t`.
+
+use std::fmt;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sha2::{Digest as _, Sha256};
+
+use crate::{Error, Limit};
+
+/// A named limiter's name: 1 to 63 characters of `a-z 0-9 _`, starting with a letter (the
+/// table's CHECK). The name is part of every key, so limiters never share keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LimiterName(&'static str);
+
+/// A name that breaks the rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid limiter name {0:?}: 1 to 63 of a-z 0-9 _, starting with a letter")]
+pub struct InvalidName(pub &'static str);
+
+impl LimiterName {
+    /// Checks `name`. Names are code, not input, hence `&'static str`.
+    ///
+    /// # Errors
+    /// [`InvalidName`] unless `name` is 1 to 63 of `a-z 0-9 _` starting with a letter.
+    pub fn new(name: &'static str) -> Result<LimiterName, InvalidName> {
+        let bytes = name.as_bytes();
+        let valid = (1..=63).contains(&bytes.len())
+            && bytes[0].is_ascii_lowercase()
+            && bytes.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_');
+        if valid {
+            Ok(LimiterName(name))
+        } else {
+            Err(InvalidName(name))
+        }
+    }
+
+    /// The name as the table stores it.
+    pub fn as_str(self) -> &'static str {
+        self.0
+    }
+}
+
+impl fmt::Display for LimiterName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+/// A key of a named limiter, as stored: the SHA-256 of the limiter's name, a zero byte, and
+/// the key's bytes. Any key, 3 bytes or 10 kB, is one 32-byte value; the table never holds
+/// the key itself. (It is not a keyed hash: a small key space, such as IPv4 addresses, can be
+/// enumerated by whoever reads the table.)
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NamedKey(pub [u8; 32]);
+
+impl NamedKey {
+    /// `key` under `limiter`.
+    pub fn of(limiter: LimiterName, key: &[u8]) -> NamedKey {
+        let mut digest = Sha256::new();
+        digest.update(limiter.as_str().as_bytes());
+        digest.update([0]);
+        digest.update(key);
+        NamedKey(digest.finalize().into())
+    }
+}
+
+impl fmt::Debug for NamedKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Eight bytes identify a key in a log well enough, and say nothing of what it hashes.
+        write!(f, "NamedKey(")?;
+        for byte in &self.0[..8] {
+            write!(f, "{byte:02x}")?;
+        }
+        write!(f, "…)")
+    }
+}
+
+/// One request against a named limiter: which key, how many cells, and the limit, which
+/// travels with every decision so a changed setting applies at the next one.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NamedSpend {
+    /// The limiter.
+    pub limiter: LimiterName,
+    /// The key, hashed.
+    pub key: NamedKey,
+    /// Whole cells this request costs (usually 1).
+    pub cells: u32,
+    /// The limit: cells a second, and the burst (rounded down to whole cells).
+    pub limit: Limit,
+}
+
+/// A limit in GCRA's terms, microseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Gcra {
+    /// The emission interval: microseconds per cell.
+    pub(crate) t: i64,
+    /// The tolerance: `t * (burst - 1)`.
+    pub(crate) tau: i64,
+    /// Whole cells of burst.
+    pub(crate) burst: u32,
+}
+
+impl Gcra {
+    /// `limit` in GCRA's terms; `None` when its burst is below one whole cell.
+    pub(crate) fn of(limit: Limit) -> Option<Gcra> {
+        let burst = limit.burst().floor();
+        if burst < 1.0 {
+            return None;
+        }
+        // A rate of at most 1e12 a second and a burst refilled within the hour keep these far
+        // inside i64: t <= 3.6e9 µs, tau <= 3.6e9 µs.
+        let t = ((1e6 / limit.per_second()).round() as i64).max(1);
+        let burst = burst.min(f64::from(u32::MAX)) as u32;
+        Some(Gcra { t, tau: t.saturating_mul(i64::from(burst) - 1), burst })
+    }
+
+    /// The first instant (µs) at which `cells` conform, for a key whose TAT is `tat`.
+    pub(crate) fn earliest(self, tat: i64, cells: u32) -> i64 {
+        tat + (i64::from(cells) - 1) * self.t - self.tau
+    }
+
+    /// Cells left at `now` for a key whose TAT is `tat`, as governor counts them.
+    pub(crate) fn remaining(self, tat: i64, now: i64) -> u32 {
+        let capacity = self.tau + self.t;
+        let left = (now + capacity - tat).clamp(0, capacity) / self.t;
+        u32::try_from(left).unwrap_or(u32::MAX)
+    }
+}
+
+/// Microseconds since the epoch, as the table stores instants.
+pub(crate) fn micros(at: DateTime<Utc>) -> i64 {
+    at.timestamp_micros()
+}
+
+/// The instant `micros` stands for.
+pub(crate) fn instant(micros: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(micros).unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+/// How long from `now` until `at` (zero if `at` has passed).
+pub(crate) fn until(now: i64, at: i64) -> Duration {
+    Duration::from_micros(u64::try_from(at - now).unwrap_or(0))
+}
+
+impl From<InvalidName> for Error {
+    fn from(_: InvalidName) -> Self {
+        Error::InvalidBudget
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_tables_rule() {
+        for good in ["auth_failure", "a", "login2"] {
+            assert!(LimiterName::new(good).is_ok(), "{good}");
+        }
+        for bad in ["", "Auth", "2fa", "auth-failure", "auth failure", "é"] {
+            assert!(LimiterName::new(bad).is_err(), "{bad}");
+        }
+        assert!(LimiterName::new(Box::leak("a".repeat(64).into_boxed_str())).is_err());
+    }
+
+    #[test]
+    fn keys_of_any_length_hash_to_32_bytes_and_limiters_never_share_one() {
+        let a = LimiterName::new("a").unwrap();
+        let b = LimiterName::new("b").unwrap();
+        assert_eq!(NamedKey::of(a, &[7; 10_000]).0.len(), 32);
+        assert_ne!(NamedKey::of(a, b"10.0.0.1"), NamedKey::of(b, b"10.0.0.1"));
+        assert_ne!(NamedKey::of(a, b"x"), NamedKey::of(a, b"y"));
+    }
+
+    #[test]
+    fn a_limit_in_gcra_terms() {
+        let gcra = Gcra::of(Limit::new(0.2, 20.0).unwrap()).unwrap();
+        assert_eq!(gcra, Gcra { t: 5_000_000, tau: 95_000_000, burst: 20 });
+        assert_eq!(Gcra::of(Limit::new(1.0, 0.5).unwrap()), None);
+        // A fresh key (tat = now) has the whole burst; each cell moves tat by t.
+        assert_eq!(gcra.remaining(1_000, 1_000), 20);
+        assert_eq!(gcra.earliest(1_000, 20), 1_000);
+    }
+}
