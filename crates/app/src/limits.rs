@@ -1,10 +1,13 @@
 //! Decorators around the contexts' limiter ports that count every decision by scope and
-//! outcome for `/metrics`, without the contexts knowing metrics exist.
+//! outcome for `/metrics`, without the contexts knowing metrics exist, and that do not decide
+//! at all while this replica's clock cannot be trusted (`crate::clock`): such a decision is an
+//! error (HTTP 500), never a refusal.
 
 use std::sync::Arc;
 
 use ratebudget::Scope;
 
+use crate::clock::ClockStatus;
 use crate::metrics::{Metrics, Outcome, ScopeLabel};
 
 /// Counts the decisions of the secrets context's limiter.
@@ -13,13 +16,19 @@ pub struct MeteredReadLimiter {
     pub inner: Arc<dyn secrets::Limiter>,
     /// Where decisions are counted.
     pub metrics: Metrics,
+    /// Whether the clock may be decided with.
+    pub clock: ClockStatus,
 }
 
 #[async_trait::async_trait]
 impl secrets::Limiter for MeteredReadLimiter {
     async fn spend_read(&self, reader: secrets::Reader) -> Result<(), secrets::ReadLimitError> {
-        let decision = self.inner.spend_read(reader).await;
         let (node, domain) = (ScopeLabel(Scope::SecretReadNode), ScopeLabel(Scope::SecretReadDomain));
+        if let Err(untrusted) = self.clock.check() {
+            self.metrics.pair_decision(node, domain, Outcome::error);
+            return Err(secrets::ReadLimitError::Unavailable(untrusted.into()));
+        }
+        let decision = self.inner.spend_read(reader).await;
         match &decision {
             Ok(()) => self.metrics.pair_decision(node, domain, Outcome::granted),
             // A pair is all-or-nothing, so only the bucket that refused was decided.
@@ -43,6 +52,8 @@ pub struct MeteredIssuanceLimiter {
     pub inner: Arc<dyn access::Limiter>,
     /// Where decisions are counted.
     pub metrics: Metrics,
+    /// Whether the clock may be decided with.
+    pub clock: ClockStatus,
 }
 
 #[async_trait::async_trait]
@@ -52,6 +63,10 @@ impl access::Limiter for MeteredIssuanceLimiter {
         domain: access::DomainId,
         policy: Option<access::IssuancePolicy>,
     ) -> Result<(), access::IssuanceLimitError> {
+        if let Err(untrusted) = self.clock.check() {
+            self.metrics.decision(ScopeLabel(Scope::AccessIssuanceDomain), Outcome::error);
+            return Err(access::IssuanceLimitError::Unavailable(untrusted.into()));
+        }
         let decision = self.inner.spend_issuance(domain, policy).await;
         let outcome = match &decision {
             Ok(()) => Outcome::granted,
@@ -69,13 +84,19 @@ pub struct MeteredQuotaLimiter {
     pub inner: Arc<dyn ingest::Limiter>,
     /// Where decisions are counted.
     pub metrics: Metrics,
+    /// Whether the clock may be decided with.
+    pub clock: ClockStatus,
 }
 
 #[async_trait::async_trait]
 impl ingest::Limiter for MeteredQuotaLimiter {
     async fn spend_bytes(&self, sender: ingest::Sender, bytes: u64) -> Result<(), ingest::QuotaError> {
-        let decision = self.inner.spend_bytes(sender, bytes).await;
         let (node, domain) = (ScopeLabel(Scope::IngestNode), ScopeLabel(Scope::IngestDomain));
+        if let Err(untrusted) = self.clock.check() {
+            self.metrics.pair_decision(node, domain, Outcome::error);
+            return Err(ingest::QuotaError::Unavailable(untrusted.into()));
+        }
+        let decision = self.inner.spend_bytes(sender, bytes).await;
         match &decision {
             Ok(()) => self.metrics.pair_decision(node, domain, Outcome::granted),
             Err(ingest::QuotaError::Exceeded { quota: ingest::Quota::Node, .. }) => {

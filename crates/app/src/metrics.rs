@@ -3,9 +3,9 @@
 //! Each process (and each instance a test starts) has a registry of its own rather than a
 //! global recorder, so two replicas in one test process report their own leadership.
 
-use std::sync::Arc;
-
 use std::fmt::Write as _;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
@@ -60,6 +60,7 @@ pub struct Metrics {
     decisions: Family<DecisionLabels, Counter>,
     sweeps: Family<SweepLabels, Counter>,
     swept_rows: Counter,
+    clock_offset: Gauge<f64, AtomicU64>,
 }
 
 impl Metrics {
@@ -90,7 +91,13 @@ impl Metrics {
             "Idle rate-budget rows deleted by this replica",
             swept_rows.clone(),
         );
-        Metrics { registry: Arc::new(registry), leader, decisions, sweeps, swept_rows }
+        let clock_offset = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "clock_offset_seconds",
+            "The database's clock minus this replica's wall clock, as last measured (decisions use the database's)",
+            clock_offset.clone(),
+        );
+        Metrics { registry: Arc::new(registry), leader, decisions, sweeps, swept_rows, clock_offset }
     }
 
     /// Records whether this replica leads.
@@ -114,6 +121,11 @@ impl Metrics {
         let outcome = if deleted.is_some() { SweepOutcomeLabel::ok } else { SweepOutcomeLabel::error };
         self.sweeps.get_or_create(&SweepLabels { outcome }).inc();
         self.swept_rows.inc_by(deleted.unwrap_or(0));
+    }
+
+    /// Records the last measured offset of the database's clock from this replica's.
+    pub fn set_clock_offset(&self, seconds: f64) {
+        self.clock_offset.set(seconds);
     }
 
     /// The registry in the OpenMetrics text format.

@@ -1,17 +1,17 @@
 //! Building and running one replica: pools, adapters bound to ports, HTTP, leader and loops.
 
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use ratebudget::{Clock, Decider, Spender, Store, SystemClock};
+use ratebudget::{Clock, Decider, Spender, Store};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::{self, ClockStatus, TimeSource};
 use crate::config::Config;
 use crate::http::{self, AppState, CredentialCache, OperatorToken};
 use crate::leader::{self, LeaderTiming, Leadership};
@@ -26,16 +26,22 @@ const CREDENTIAL_CACHE_CAPACITY: usize = 100_000;
 #[derive(Clone, Debug)]
 pub struct Wiring {
     /// Where limiters and the sweep read `now`.
-    pub clock: Arc<dyn Clock>,
+    pub time: TimeSource,
     /// How often the leader elector acts.
     pub leader_timing: LeaderTiming,
 }
 
 impl Wiring {
-    /// The production wiring: the system clock and the standard leader timing.
+    /// The production wiring: the database's clock and the standard leader timing.
     pub fn production() -> Wiring {
-        Wiring { clock: Arc::new(SystemClock), leader_timing: LeaderTiming::STANDARD }
+        Wiring { time: TimeSource::Database, leader_timing: LeaderTiming::STANDARD }
     }
+}
+
+/// The clock limiters and the sweep read, and whether it may be decided with.
+struct Time {
+    clock: Arc<dyn Clock>,
+    status: ClockStatus,
 }
 
 /// One running replica.
@@ -44,7 +50,7 @@ pub struct Application {
     shutdown: CancellationToken,
     leadership: Leadership,
     metrics: Metrics,
-    server: JoinHandle<std::io::Result<()>>,
+    server: JoinHandle<()>,
     elector: JoinHandle<()>,
     sweeper: JoinHandle<()>,
     limiter_store: Store,
@@ -75,10 +81,25 @@ impl Application {
                     // The sweep bounds each batch itself; this stops the server's side too.
                     .options([("statement_timeout", "10000")]),
             );
+        let time = match &wiring.time {
+            TimeSource::Given(clock) => Time { clock: clock.clone(), status: ClockStatus::always_trusted() },
+            TimeSource::Database => {
+                let (clock, status) = clock::disciplined(config.max_clock_skew);
+                // On the background pool: one short statement every few seconds, never
+                // behind a request.
+                tokio::spawn(clock::run(
+                    clock.clone(),
+                    background_pool.clone(),
+                    metrics.clone(),
+                    shutdown.clone(),
+                ));
+                Time { clock: Arc::new(clock), status }
+            }
+        };
         let state = AppState {
-            access: bind_access(&config, &api_pool, &decider, &wiring, &metrics),
-            secrets: bind_secrets(&config, &api_pool, &decider, &wiring, &metrics),
-            ingest: bind_ingest(&config, &api_pool, &decider, &wiring, &metrics),
+            access: bind_access(&config, &api_pool, &decider, &time, &metrics),
+            secrets: bind_secrets(&config, &api_pool, &decider, &time, &metrics),
+            ingest: bind_ingest(&config, &api_pool, &decider, &time, &metrics),
             budgets: store.clone(),
             operator_token: OperatorToken::new(&config.operator_token),
             credentials: CredentialCache::new(CREDENTIAL_CACHE_CAPACITY),
@@ -86,25 +107,29 @@ impl Application {
             database_timeout: config.database_timeout,
             ingest_max_batch_bytes: config.ingest_max_batch_bytes,
             metrics: metrics.clone(),
+            body_timeout: config.http.body_timeout,
+            request_timeout: config.http.request_timeout,
+            clock: time.status.clone(),
         };
 
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("failed to listen on {}", config.listen))?;
         let local_addr = listener.local_addr()?;
-        let server = tokio::spawn({
-            let shutdown = shutdown.clone();
-            // In-flight requests finish before this returns.
-            axum::serve(listener, http::router(state))
-                .with_graceful_shutdown(shutdown.cancelled_owned())
-                .into_future()
-        });
+        // In-flight requests finish (within the grace) before this returns.
+        let server = tokio::spawn(http::server::serve(
+            listener,
+            http::router(state),
+            config.http,
+            config.shutdown_grace,
+            shutdown.clone(),
+        ));
 
         let (leadership, elector) =
             leader::spawn(config.database.clone(), wiring.leader_timing, metrics.clone(), shutdown.clone());
         let sweeper = tokio::spawn(sweep::run(
             Store::new(background_pool),
-            wiring.clock.clone(),
+            (time.clock.clone(), time.status.clone()),
             leadership.clone(),
             metrics.clone(),
             config.sweep_interval,
@@ -147,7 +172,7 @@ impl Application {
     /// and stops the rest), then waits for in-flight requests and releases leadership.
     ///
     /// # Errors
-    /// When the HTTP server failed.
+    /// When the HTTP server task panicked.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
         let Application { shutdown, mut server, mut elector, mut sweeper, limiter_store, .. } = self;
         let (mut server_result, mut elector_done, mut sweeper_done) = (None, false, false);
@@ -184,7 +209,7 @@ impl Application {
         }
         // No request is in flight any more: say goodbye to the server on the take connections.
         limiter_store.close().await;
-        server_result.context("the HTTP server task panicked")?.context("the HTTP server failed")?;
+        server_result.context("the HTTP server task panicked")?;
         tracing::info!("stopped");
         Ok(())
     }
@@ -240,16 +265,20 @@ fn bind_access(
     config: &Config,
     pool: &PgPool,
     decider: &Arc<dyn Decider>,
-    wiring: &Wiring,
+    time: &Time,
     metrics: &Metrics,
 ) -> access::AccessService {
     let limiter = access::RateBudgetIssuanceLimiter::new(
-        Spender::new(decider.clone(), wiring.clock.clone()),
+        Spender::new(decider.clone(), time.clock.clone()),
         config.limits.access_issuance,
     );
     access::AccessService::new(
         Arc::new(access::PgAccessRepository::new(pool.clone())),
-        Arc::new(MeteredIssuanceLimiter { inner: Arc::new(limiter), metrics: metrics.clone() }),
+        Arc::new(MeteredIssuanceLimiter {
+            inner: Arc::new(limiter),
+            metrics: metrics.clone(),
+            clock: time.status.clone(),
+        }),
     )
 }
 
@@ -257,17 +286,21 @@ fn bind_secrets(
     config: &Config,
     pool: &PgPool,
     decider: &Arc<dyn Decider>,
-    wiring: &Wiring,
+    time: &Time,
     metrics: &Metrics,
 ) -> secrets::SecretsService {
     let limiter = secrets::RateBudgetReadLimiter::new(
-        Spender::new(decider.clone(), wiring.clock.clone()),
+        Spender::new(decider.clone(), time.clock.clone()),
         config.limits.secret_read_node,
         config.limits.secret_read_domain,
     );
     secrets::SecretsService::new(
         Arc::new(secrets::PgSecretRepository::new(pool.clone())),
-        Arc::new(MeteredReadLimiter { inner: Arc::new(limiter), metrics: metrics.clone() }),
+        Arc::new(MeteredReadLimiter {
+            inner: Arc::new(limiter),
+            metrics: metrics.clone(),
+            clock: time.status.clone(),
+        }),
     )
 }
 
@@ -275,16 +308,20 @@ fn bind_ingest(
     config: &Config,
     pool: &PgPool,
     decider: &Arc<dyn Decider>,
-    wiring: &Wiring,
+    time: &Time,
     metrics: &Metrics,
 ) -> ingest::IngestService {
     let limiter = ingest::RateBudgetQuotaLimiter::new(
-        Spender::new(decider.clone(), wiring.clock.clone()),
+        Spender::new(decider.clone(), time.clock.clone()),
         config.limits.ingest_node,
         config.limits.ingest_domain,
     );
     ingest::IngestService::new(
         Arc::new(ingest::PgBatchRepository::new(pool.clone())),
-        Arc::new(MeteredQuotaLimiter { inner: Arc::new(limiter), metrics: metrics.clone() }),
+        Arc::new(MeteredQuotaLimiter {
+            inner: Arc::new(limiter),
+            metrics: metrics.clone(),
+            clock: time.status.clone(),
+        }),
     )
 }
