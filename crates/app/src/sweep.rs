@@ -140,7 +140,14 @@ pub async fn run(
             () = shutdown.cancelled() => return,
             () = leadership.wait_until(true) => {}
         }
-        // A new leader sweeps at once: whoever led before may have died just before its tick.
+        // A new leader sweeps at once (whoever led before may have died just before its tick),
+        // as soon as its clock is measured: idleness cannot be judged before.
+        while status.check().is_err() {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(crate::clock::RETRY_INTERVAL) => {}
+            }
+        }
         tick(&store, (clock.as_ref(), &status), &leadership, &metrics, &shutdown).await;
         tokio::select! {
             () = shutdown.cancelled() => return,
