@@ -1,0 +1,101 @@
+//! A replica whose clock is really off (libfaketime, 30 s ahead) decides on the database's
+//! clock: the buckets it touches keep refilling for every other replica, its sweep deletes
+//! only buckets idle for the retention on the database's clock, and it reports its offset
+//! (issue 12, item 2; docs/adr/0015).
+
+use std::time::Duration;
+
+use app::startup::Wiring;
+use reqwest::StatusCode;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use crate::support::process::{database_url, Launch, LIBFAKETIME};
+use crate::support::replicas::{config, eventually, Replica};
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_replica_30_s_ahead_neither_freezes_other_replicas_buckets_nor_sweeps_unfull_ones(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    assert!(
+        std::path::Path::new(LIBFAKETIME).exists(),
+        "libfaketime is missing: apt-get install faketime (.ci/run does)"
+    );
+    let pool = pool_options.connect_with(connect.clone()).await.unwrap();
+    // The skewed replica starts first, so it leads and sweeps (every second).
+    let mut skewed = Launch::serve(&database_url(&connect))
+        .faked_clock("+30s")
+        .knob("PLEXSPHERE_SWEEP_INTERVAL_SECS", "1")
+        .start()
+        .await;
+    skewed.wait_for_log("became leader", Duration::from_secs(10)).await;
+    let ahead = skewed.api();
+    eventually(Duration::from_secs(10), "the skewed replica measured its clock", || async {
+        ahead.get("/readyz", None).await.status == StatusCode::OK
+    })
+    .await;
+    let offset = ahead.metric("plexsphere_clock_offset_seconds").await.unwrap();
+    assert!((-30.5..-29.5).contains(&offset), "the database's clock is 30 s behind this one: {offset}");
+
+    let honest = Replica::start_with(config(&connect, &[]), Wiring::production()).await;
+    eventually(Duration::from_secs(10), "the honest replica measured its clock", || async {
+        honest.get("/readyz", None).await.status == StatusCode::OK
+    })
+    .await;
+    let domain = honest.create_domain("skew", None).await;
+    let (_, token) = honest.enrol(&domain, "node-1").await;
+    honest.put_secret(&domain, "api-key", "s3cr3t").await;
+
+    // Spend the Node's whole burst (20, refilling at 10 a second) through the skewed replica.
+    let mut admitted = 0;
+    for _ in 0..25 {
+        if ahead.get("/v1/secrets/api-key", Some(&token)).await.status == StatusCode::OK {
+            admitted += 1;
+        }
+    }
+    assert!((20..=22).contains(&admitted), "{admitted}");
+    // Had the skewed replica written its own clock into refilled_at, the honest replica would
+    // see no time pass for 30 s. It sees the bucket refill at 10 a second.
+    eventually(Duration::from_secs(2), "the honest replica's reads refill", || async {
+        honest.get("/v1/secrets/api-key", Some(&token)).await.status == StatusCode::OK
+    })
+    .await;
+
+    // Two buckets: one idle for two hours on the database's clock, one for 3590 s. A leader
+    // sweeping on its own clock, 30 s ahead, would take both.
+    for (key, idle) in [(uuid::Uuid::new_v4(), "2 hours"), (uuid::Uuid::new_v4(), "3590 seconds")] {
+        sqlx::query(&format!(
+            "INSERT INTO plexsphere.rate_budgets VALUES ('ingest_node', $1, 0, now() - interval '{idle}')"
+        ))
+        .bind(key)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let idle_rows = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM plexsphere.rate_budgets WHERE refilled_at < now() - interval '3000 seconds'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    eventually(Duration::from_secs(10), "the two-hour bucket is swept", || async { idle_rows().await == 1 })
+        .await;
+    // Two more sweeps go by, and the 3590 s bucket is still there.
+    let swept_before = sweeps(&ahead).await;
+    eventually(Duration::from_secs(10), "two more sweeps run", || async { sweeps(&ahead).await >= swept_before + 2 })
+        .await;
+    assert_eq!(idle_rows().await, 1, "a bucket idle for less than the retention was swept");
+
+    honest.stop().await;
+    skewed.signal("TERM");
+    assert!(skewed.exited_within(Duration::from_secs(10)).await.is_some());
+}
+
+async fn sweeps(api: &crate::support::replicas::Api) -> u64 {
+    let text = api.get("/metrics", None).await.body.as_str().unwrap_or_default().to_owned();
+    text.lines()
+        .find_map(|line| line.strip_prefix("plexsphere_rate_budget_sweeps_total{outcome=\"ok\"} "))
+        .map_or(0, |value| value.trim().parse().unwrap())
+}
