@@ -10,6 +10,7 @@ mod app_outage;
 mod app_replicas;
 mod faults_clock;
 mod faults_http;
+mod faults_leader;
 mod architecture;
 mod ingest_adapters;
 mod ratebudget_store;
