@@ -9,6 +9,7 @@ mod app_api;
 mod app_outage;
 mod app_replicas;
 mod faults_clock;
+mod faults_database;
 mod faults_http;
 mod faults_leader;
 mod architecture;
