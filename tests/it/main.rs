@@ -10,6 +10,7 @@ mod app_outage;
 mod app_replicas;
 mod faults_clock;
 mod faults_database;
+mod faults_history;
 mod faults_http;
 mod faults_leader;
 mod architecture;
