@@ -84,8 +84,10 @@ async fn a_replica_30_s_ahead_neither_freezes_other_replicas_buckets_nor_sweeps_
         .await;
     // Two more sweeps go by, and the 3590 s bucket is still there.
     let swept_before = sweeps(&ahead).await;
-    eventually(Duration::from_secs(10), "two more sweeps run", || async { sweeps(&ahead).await >= swept_before + 2 })
-        .await;
+    eventually(Duration::from_secs(10), "two more sweeps run", || async {
+        sweeps(&ahead).await >= swept_before + 2
+    })
+    .await;
     assert_eq!(idle_rows().await, 1, "a bucket idle for less than the retention was swept");
 
     honest.stop().await;

@@ -36,7 +36,12 @@ const SLACK: Duration = Duration::from_millis(1500);
 type Outcome = (Duration, Option<StatusCode>);
 
 /// Readers, one per token, reading in a loop until `stop`; what each saw, in order.
-fn readers(api: &Api, tokens: &[String], started: Instant, stop: &Arc<AtomicBool>) -> Vec<tokio::task::JoinHandle<Vec<Outcome>>> {
+fn readers(
+    api: &Api,
+    tokens: &[String],
+    started: Instant,
+    stop: &Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<Vec<Outcome>>> {
     tokens
         .iter()
         .map(|token| {
@@ -93,12 +98,16 @@ async fn blocking<T: Send + 'static>(call: impl FnOnce() -> T + Send + 'static) 
 async fn a_database_restarted_under_load_costs_500s_only_and_the_service_recovers_by_itself() {
     let cluster = Arc::new(PrivateCluster::start("127.0.0.1", free_port(), None));
     cluster.migrate().await;
-    let replica = Replica::start(config(&cluster.tcp_options("127.0.0.1"), &BOUNDLESS), Arc::new(SystemClock)).await;
+    let replica =
+        Replica::start(config(&cluster.tcp_options("127.0.0.1"), &BOUNDLESS), Arc::new(SystemClock)).await;
     let tokens = fleet(&replica, 8).await;
 
     let (started, stop) = (Instant::now(), Arc::new(AtomicBool::new(false)));
     let load = readers(&replica, &tokens, started, &stop);
-    eventually(Duration::from_secs(5), "the load is answered", || async { started.elapsed() > Duration::from_secs(1) }).await;
+    eventually(Duration::from_secs(5), "the load is answered", || async {
+        started.elapsed() > Duration::from_secs(1)
+    })
+    .await;
     let restarting = started.elapsed();
     blocking({
         let cluster = cluster.clone();
@@ -169,7 +178,8 @@ async fn backends_killed_mid_take_cost_500s_only_and_the_next_requests_succeed(
 
     assert_only_ok_or_500(&outcomes);
     let failed = outcomes.iter().filter(|(_, status)| *status != Some(StatusCode::OK)).count();
-    let last_failure = outcomes.iter().rev().find(|(_, status)| *status != Some(StatusCode::OK)).map(|(at, _)| *at);
+    let last_failure =
+        outcomes.iter().rev().find(|(_, status)| *status != Some(StatusCode::OK)).map(|(at, _)| *at);
     eprintln!(
         "{killed} backends killed in 3 s under load: {failed} of {} reads answered 500, the last {:?} after the kills stopped",
         outcomes.len(),
@@ -199,7 +209,8 @@ async fn an_exhausted_limiter_pool_waits_its_bound_and_answers_500(
     let pool = pool_options.connect_with(connect.clone()).await.unwrap();
     let timeout = Duration::from_millis(500);
     let knobs = [("PLEXSPHERE_DATABASE_MAX_CONNECTIONS", "2"), ("PLEXSPHERE_DATABASE_TIMEOUT_MS", "500")];
-    let replica = Replica::start(config(&connect, &[&BOUNDLESS[..], &knobs].concat()), Arc::new(SystemClock)).await;
+    let replica =
+        Replica::start(config(&connect, &[&BOUNDLESS[..], &knobs].concat()), Arc::new(SystemClock)).await;
     let tokens = fleet(&replica, 1).await;
     let token = &tokens[0];
     assert_eq!(replica.get("/v1/secrets/api-key", Some(token)).await.status, StatusCode::OK);
@@ -241,7 +252,9 @@ async fn clients_hanging_up_on_a_stalled_database_never_push_connections_past_th
     let through_proxy = connect.clone().host("127.0.0.1").port(proxy.address().port());
     let max = 4;
     let knobs = [("PLEXSPHERE_DATABASE_MAX_CONNECTIONS", "4"), ("PLEXSPHERE_DATABASE_TIMEOUT_MS", "400")];
-    let replica = Replica::start(config(&through_proxy, &[&BOUNDLESS[..], &knobs].concat()), Arc::new(SystemClock)).await;
+    let replica =
+        Replica::start(config(&through_proxy, &[&BOUNDLESS[..], &knobs].concat()), Arc::new(SystemClock))
+            .await;
     let tokens = fleet(&replica, 8).await;
     // README, PLEXSPHERE_DATABASE_MAX_CONNECTIONS: the request pool and the take connections
     // (max each), the background pool's two, the leader's one. (The limiter pool's own
@@ -319,17 +332,19 @@ async fn what_was_acknowledged_survives_the_service_killed_and_the_database_cras
     let put = api.operator(Method::PUT, &path, Some(serde_json::json!({ "value": "hunter2" }))).await;
     assert_eq!(put.status, StatusCode::NO_CONTENT);
     kill_both(service).await;
-    let value: Option<String> =
-        sqlx::query_scalar("SELECT value FROM plexsphere.secrets WHERE domain_id = $1::uuid AND name = 'db-password'")
-            .bind(&domain)
-            .fetch_optional(&pool().await)
-            .await
-            .unwrap();
+    let value: Option<String> = sqlx::query_scalar(
+        "SELECT value FROM plexsphere.secrets WHERE domain_id = $1::uuid AND name = 'db-password'",
+    )
+    .bind(&domain)
+    .fetch_optional(&pool().await)
+    .await
+    .unwrap();
     assert_eq!(value.as_deref(), Some("hunter2"), "a secret answered 204 was lost");
 
     let service = Launch::serve(&url).start().await;
     let path = format!("/v1/domains/{domain}/nodes");
-    let enrolled = service.api().operator(Method::POST, &path, Some(serde_json::json!({ "name": "node-1" }))).await;
+    let enrolled =
+        service.api().operator(Method::POST, &path, Some(serde_json::json!({ "name": "node-1" }))).await;
     assert_eq!(enrolled.status, StatusCode::CREATED);
     kill_both(service).await;
     let node: Option<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM plexsphere.nodes WHERE id = $1::uuid")
@@ -340,13 +355,15 @@ async fn what_was_acknowledged_survives_the_service_killed_and_the_database_cras
     assert!(node.is_some(), "a Node answered 201 was lost");
 
     let service = Launch::serve(&url).start().await;
-    let batch = service.api().request(Method::POST, "/v1/ingest", Some(&token), Some(b"cpu=0.42".to_vec())).await;
+    let batch =
+        service.api().request(Method::POST, "/v1/ingest", Some(&token), Some(b"cpu=0.42".to_vec())).await;
     assert_eq!(batch.status, StatusCode::ACCEPTED);
     kill_both(service).await;
-    let stored: Option<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM plexsphere.ingest_batches WHERE id = $1::uuid")
-        .bind(batch.body["id"].as_str().unwrap())
-        .fetch_optional(&pool().await)
-        .await
-        .unwrap();
+    let stored: Option<uuid::Uuid> =
+        sqlx::query_scalar("SELECT id FROM plexsphere.ingest_batches WHERE id = $1::uuid")
+            .bind(batch.body["id"].as_str().unwrap())
+            .fetch_optional(&pool().await)
+            .await
+            .unwrap();
     assert!(stored.is_some(), "a batch answered 202 was lost");
 }

@@ -39,8 +39,10 @@ type Admission = (f64, f64);
 /// [`ASYNC_COMMIT_WINDOW`] before the crash could explain.
 fn worst_excess(admissions: &mut [Admission], (rate, burst): (f64, f64), crash: f64) -> (f64, f64) {
     admissions.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let lost_at_most =
-        admissions.iter().filter(|(_, answered)| (crash - ASYNC_COMMIT_WINDOW.as_secs_f64()..=crash).contains(answered)).count() as f64;
+    let lost_at_most = admissions
+        .iter()
+        .filter(|(_, answered)| (crash - ASYNC_COMMIT_WINDOW.as_secs_f64()..=crash).contains(answered))
+        .count() as f64;
     let (mut elsewhere, mut beyond_loss) = (f64::MIN, f64::MIN);
     for (i, &(start, _)) in admissions.iter().enumerate() {
         // Every admission sent at or after A, by when it was answered: the m-th of them
@@ -106,7 +108,9 @@ async fn under_faults_no_bucket_ever_admits_more_than_its_burst_plus_its_rate() 
                     if status == Some(StatusCode::OK) {
                         admitted.push((sent, answered));
                     }
-                    *statuses.entry(status.map_or("none".into(), |status| status.as_u16().to_string())).or_default() += 1;
+                    *statuses
+                        .entry(status.map_or("none".into(), |status| status.as_u16().to_string()))
+                        .or_default() += 1;
                     turn += 1;
                     // About 20 reads a second per Node: five times its rate, so every bucket
                     // is contended, without saturating two cores.
@@ -117,10 +121,10 @@ async fn under_faults_no_bucket_ever_admits_more_than_its_burst_plus_its_rate() 
         })
         .collect();
     let at = |seconds: u64| {
-        let started = started;
         async move {
             let due = Duration::from_secs(seconds);
-            eventually(due + Duration::from_secs(5), "the schedule", || async { started.elapsed() >= due }).await;
+            eventually(due + Duration::from_secs(5), "the schedule", || async { started.elapsed() >= due })
+                .await;
         }
     };
 
@@ -171,7 +175,9 @@ async fn under_faults_no_bucket_ever_admits_more_than_its_burst_plus_its_rate() 
         }
     }
     let (mut elsewhere, mut beyond_loss) = (f64::MIN, f64::MIN);
-    for (admissions, limit) in by_node.iter_mut().map(|a| (a, NODE)).chain(by_domain.iter_mut().map(|a| (a, DOMAIN))) {
+    for (admissions, limit) in
+        by_node.iter_mut().map(|a| (a, NODE)).chain(by_domain.iter_mut().map(|a| (a, DOMAIN)))
+    {
         let (outside, around) = worst_excess(admissions, limit, crash);
         elsewhere = elsewhere.max(outside);
         beyond_loss = beyond_loss.max(around);
@@ -221,8 +227,10 @@ async fn the_async_commit_window_around_a_database_crash_is_under_a_second() {
             })
         })
         .collect();
-    eventually(Duration::from_secs(10), "a second of debits", || async { started.elapsed() > Duration::from_secs(1) })
-        .await;
+    eventually(Duration::from_secs(10), "a second of debits", || async {
+        started.elapsed() > Duration::from_secs(1)
+    })
+    .await;
     let crash = started.elapsed();
     tokio::task::spawn_blocking({
         let cluster = cluster.clone();

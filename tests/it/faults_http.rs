@@ -76,12 +76,15 @@ async fn half_sent_headers_are_closed_after_the_header_timeout_and_the_cap_holds
     // Each is served (and closed) once a slot is free: the first 50 at once, then 50 every
     // header timeout, so all are closed by 6 timeouts, and none stays open.
     let within = header_timeout * 6 + SLACK * 2;
-    let closed = futures::future::join_all(clients.iter_mut().map(|stream| read_until_closed(stream, within))).await;
+    let closed =
+        futures::future::join_all(clients.iter_mut().map(|stream| read_until_closed(stream, within))).await;
     assert!(closed.iter().all(Option::is_some), "a half-header connection was still open after {within:?}");
     let elapsed = started.elapsed();
     // The cap was real: 300 connections at 50 at a time took several header timeouts.
     assert!(elapsed >= header_timeout * 5, "all closed in {elapsed:?}: the cap did not hold");
-    eprintln!("300 half-header connections, cap 50, header timeout {header_timeout:?}: all closed in {elapsed:?}");
+    eprintln!(
+        "300 half-header connections, cap 50, header timeout {header_timeout:?}: all closed in {elapsed:?}"
+    );
 
     // And the replica serves normally afterwards.
     assert_eq!(replica.get("/healthz", None).await.status, StatusCode::OK);
@@ -93,10 +96,7 @@ async fn a_trickling_body_answers_408_at_the_body_deadline_and_a_slow_request_50
     _: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let knobs = [
-        ("PLEXSPHERE_HTTP_BODY_TIMEOUT_MS", "800"),
-        ("PLEXSPHERE_HTTP_REQUEST_TIMEOUT_MS", "30000"),
-    ];
+    let knobs = [("PLEXSPHERE_HTTP_BODY_TIMEOUT_MS", "800"), ("PLEXSPHERE_HTTP_REQUEST_TIMEOUT_MS", "30000")];
     let replica = Replica::start(config(&connect, &knobs), Arc::new(SystemClock)).await;
     let token = node_with_secret(&replica).await;
     let address: SocketAddr = replica.base().trim_start_matches("http://").parse().unwrap();
@@ -116,7 +116,8 @@ async fn a_trickling_body_answers_408_at_the_body_deadline_and_a_slow_request_50
             }
         });
         let mut response = vec![0_u8; 1024];
-        let read = tokio::time::timeout(Duration::from_secs(20), reader.read(&mut response)).await.unwrap().unwrap();
+        let read =
+            tokio::time::timeout(Duration::from_secs(20), reader.read(&mut response)).await.unwrap().unwrap();
         writing.abort();
         (status_of(&response[..read]), started.elapsed())
     };
@@ -163,7 +164,8 @@ async fn on_sigterm_under_load_every_request_in_flight_completes_and_the_process
     _: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let mut service = Launch::serve(&database_url(&connect)).knob("PLEXSPHERE_SHUTDOWN_GRACE_SECS", "10").start().await;
+    let mut service =
+        Launch::serve(&database_url(&connect)).knob("PLEXSPHERE_SHUTDOWN_GRACE_SECS", "10").start().await;
     let api = service.api();
     let domain = api.create_domain("shutdown", None).await;
     let (_, token) = api.enrol(&domain, "node-1").await;
@@ -206,7 +208,9 @@ async fn on_sigterm_under_load_every_request_in_flight_completes_and_the_process
         let statuses = reader.await.unwrap();
         // Only admissions and refusals: the shutdown never turned into a 500.
         assert!(
-            statuses.iter().all(|status| *status == StatusCode::OK || *status == StatusCode::TOO_MANY_REQUESTS),
+            statuses
+                .iter()
+                .all(|status| *status == StatusCode::OK || *status == StatusCode::TOO_MANY_REQUESTS),
             "{statuses:?}"
         );
     }
@@ -243,7 +247,8 @@ async fn a_trickling_client_holds_shutdown_no_longer_than_the_grace_and_a_second
     let trickling = trickle_forever(half_sent_batch(service.address(), &token).await);
     service.signal("TERM");
     let started = Instant::now();
-    let status = service.exited_within(Duration::from_secs(2) + SLACK * 2).await.expect("exits after the grace");
+    let status =
+        service.exited_within(Duration::from_secs(2) + SLACK * 2).await.expect("exits after the grace");
     assert!(status.success(), "{status}\n{}", service.log());
     eprintln!("a trickling client under a 2 s grace: exited {:?} after SIGTERM", started.elapsed());
     assert!(service.log().contains("shutdown grace elapsed"), "{}", service.log());

@@ -57,7 +57,9 @@ async fn a_silently_partitioned_leader_steps_down_and_another_leads_within_15_s(
     let stepped_down = logged_at(&mut leader, "lost leadership", WITHIN).await;
     let took_over = logged_at(&mut follower, "became leader", WITHIN).await;
     let (down, over) = ((stepped_down - cut).to_std().unwrap(), (took_over - cut).to_std().unwrap());
-    eprintln!("silent partition of the leader: it stopped claiming after {down:?}, another led after {over:?}");
+    eprintln!(
+        "silent partition of the leader: it stopped claiming after {down:?}, another led after {over:?}"
+    );
     assert!(down < WITHIN && over < WITHIN, "{down:?} {over:?}");
     // Never two leaders: the old one had stepped down before the server freed the lock.
     assert!(stepped_down < took_over, "{stepped_down} vs {took_over}");

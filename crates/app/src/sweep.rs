@@ -108,7 +108,9 @@ pub async fn tick(
     // each be off by the bound, in opposite directions.
     let margin = 2 * status.max_skew();
     let swept = match status.check() {
-        Ok(()) => sweep_once(store, clock, margin, || leadership.is_leader() && !shutdown.is_cancelled()).await,
+        Ok(()) => {
+            sweep_once(store, clock, margin, || leadership.is_leader() && !shutdown.is_cancelled()).await
+        }
         Err(untrusted) => Err(untrusted.into()),
     };
     match swept {

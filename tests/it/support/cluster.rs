@@ -28,21 +28,14 @@ impl PrivateCluster {
     pub(crate) fn start(listen: &str, port: u16, namespace: Option<&str>) -> PrivateCluster {
         let root = std::env::temp_dir().join(format!("plexsphere-pg-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&root).unwrap();
-        let cluster = PrivateCluster {
-            root,
-            port,
-            namespace: namespace.map(str::to_owned),
-            listen: listen.to_owned(),
-        };
+        let cluster =
+            PrivateCluster { root, port, namespace: namespace.map(str::to_owned), listen: listen.to_owned() };
         run(Command::new("chown").args(["postgres:postgres"]).arg(&cluster.root));
-        run(Command::new("runuser").args(["-u", "postgres", "--"]).arg(format!("{BIN}/initdb")).args([
-            "--auth=trust",
-            "--username=postgres",
-            "--no-sync",
-            "--encoding=UTF8",
-            "-D",
-        ])
-        .arg(cluster.data()));
+        run(Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(format!("{BIN}/initdb"))
+            .args(["--auth=trust", "--username=postgres", "--no-sync", "--encoding=UTF8", "-D"])
+            .arg(cluster.data()));
         // Replicas reach it at 127.0.0.x addresses of their own (a partition drops one).
         let hba = cluster.data().join("pg_hba.conf");
         let mut rules = std::fs::read_to_string(&hba).unwrap();
@@ -67,7 +60,11 @@ impl PrivateCluster {
 
     /// Connect options over the Unix socket, to the `postgres` database.
     pub(crate) fn socket_options(&self) -> PgConnectOptions {
-        PgConnectOptions::new().socket(self.socket_dir()).port(self.port).username("postgres").database("postgres")
+        PgConnectOptions::new()
+            .socket(self.socket_dir())
+            .port(self.port)
+            .username("postgres")
+            .database("postgres")
     }
 
     /// Connect options over TCP to `host`, to the `postgres` database.

@@ -58,7 +58,8 @@ impl Launch {
     }
 
     pub(crate) async fn start(self) -> ServiceProcess {
-        let log = std::env::temp_dir().join(format!("plexsphere-replica-{}.log", uuid::Uuid::new_v4().simple()));
+        let log =
+            std::env::temp_dir().join(format!("plexsphere-replica-{}.log", uuid::Uuid::new_v4().simple()));
         let mut command = match &self.namespace {
             Some(namespace) => {
                 let mut command = Command::new("ip");
@@ -105,8 +106,7 @@ impl ServiceProcess {
 
     /// Sends `signal` ("TERM", "KILL", ...) to the process, by its pid.
     pub(crate) fn signal(&self, signal: &str) {
-        let status =
-            Command::new("kill").args(["-s", signal, &self.pid().to_string()]).status().unwrap();
+        let status = Command::new("kill").args(["-s", signal, &self.pid().to_string()]).status().unwrap();
         assert!(status.success(), "kill -s {signal} failed");
     }
 
@@ -139,7 +139,11 @@ impl ServiceProcess {
             if let Some(status) = self.child.try_wait().unwrap() {
                 panic!("the process exited ({status}) before logging {needle:?}:\n{}", self.log());
             }
-            assert!(tokio::time::Instant::now() < deadline, "no {needle:?} within {within:?}:\n{}", self.log());
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no {needle:?} within {within:?}:\n{}",
+                self.log()
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }

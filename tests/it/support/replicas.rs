@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use app::clock::TimeSource;
 use app::config::{self, Config, Knobs};
 use app::leader::{LeaderTiming, Leadership};
-use app::clock::TimeSource;
 use app::startup::{Application, Wiring};
 use ratebudget::Clock;
 use reqwest::{Method, StatusCode};
@@ -77,7 +77,8 @@ impl std::ops::Deref for Replica {
 
 impl Replica {
     pub(crate) async fn start(config: Config, clock: Arc<dyn Clock>) -> Replica {
-        Replica::start_with(config, Wiring { time: TimeSource::Given(clock), leader_timing: FAST_LEADER }).await
+        Replica::start_with(config, Wiring { time: TimeSource::Given(clock), leader_timing: FAST_LEADER })
+            .await
     }
 
     pub(crate) async fn start_with(config: Config, wiring: Wiring) -> Replica {
@@ -198,7 +199,9 @@ impl Api {
     pub(crate) async fn metric(&self, name: &str) -> Option<f64> {
         let text = self.get("/metrics", None).await.body.as_str().unwrap_or_default().to_owned();
         let prefix = format!("{name} ");
-        text.lines().find_map(|line| line.strip_prefix(prefix.as_str())).map(|value| value.trim().parse().unwrap())
+        text.lines()
+            .find_map(|line| line.strip_prefix(prefix.as_str()))
+            .map(|value| value.trim().parse().unwrap())
     }
 
     /// The value of the `plexsphere_leader` gauge this replica exposes.

@@ -130,10 +130,9 @@ impl IntoResponse for ApiError {
             ApiError::BadRequest { code, message } => (code, message.clone()),
             ApiError::Unauthorized => ("unauthorized", "missing or invalid bearer token".to_owned()),
             ApiError::NotFound { code, message } => (code, message.clone()),
-            ApiError::BodyTimeout { after } => (
-                "request_timeout",
-                format!("the body did not arrive within {} ms", after.as_millis()),
-            ),
+            ApiError::BodyTimeout { after } => {
+                ("request_timeout", format!("the body did not arrive within {} ms", after.as_millis()))
+            }
             ApiError::PayloadTooLarge { code, limit } => {
                 (code, format!("the body is larger than the limit of {limit} bytes"))
             }

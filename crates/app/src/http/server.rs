@@ -91,7 +91,8 @@ pub async fn serve(
     if draining > 0 {
         tracing::info!(connections = draining, grace_secs = grace.as_secs_f64(), "draining connections");
     }
-    let drained = tokio::time::timeout(grace, async { while connections.join_next().await.is_some() {} }).await;
+    let drained =
+        tokio::time::timeout(grace, async { while connections.join_next().await.is_some() {} }).await;
     if drained.is_err() {
         tracing::warn!(
             connections = connections.len(),
