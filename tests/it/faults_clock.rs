@@ -101,3 +101,43 @@ async fn sweeps(api: &crate::support::replicas::Api) -> u64 {
         .find_map(|line| line.strip_prefix("plexsphere_rate_budget_sweeps_total{outcome=\"ok\"} "))
         .map_or(0, |value| value.trim().parse().unwrap())
 }
+
+/// A replica that cannot measure the database's clock within the bound (the network is so
+/// slow that half a round trip exceeds it) does not decide: budgets answer 500, never 429, and
+/// `/readyz` 503. Once measurements are good again, it decides again.
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_replica_whose_clock_cannot_be_bounded_answers_500_and_is_not_ready_until_it_can(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    use crate::support::proxy::{Mode, Proxy};
+    let upstream = {
+        use std::net::ToSocketAddrs;
+        (connect.get_host(), connect.get_port()).to_socket_addrs().unwrap().next().unwrap()
+    };
+    let proxy = Proxy::start(upstream).await;
+    let through_proxy = connect.clone().host("127.0.0.1").port(proxy.address().port());
+    // 60 ms each way: every round trip takes over 120 ms, so no measurement is better than
+    // ±60 ms, above the 50 ms bound.
+    proxy.set(Mode::Delayed(Duration::from_millis(60)));
+    let knobs = [("PLEXSPHERE_MAX_CLOCK_SKEW_MS", "50"), ("PLEXSPHERE_DATABASE_TIMEOUT_MS", "5000")];
+    let replica = Replica::start_with(config(&through_proxy, &knobs), Wiring::production()).await;
+    let domain = replica.create_domain("untrusted", None).await;
+    let enrol = replica
+        .operator(reqwest::Method::POST, &format!("/v1/domains/{domain}/nodes"), Some(serde_json::json!({ "name": "n" })))
+        .await;
+    assert_eq!((enrol.status, enrol.code()), (StatusCode::INTERNAL_SERVER_ERROR, "internal"), "{enrol:?}");
+    let ready = replica.get("/readyz", None).await;
+    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE, "{ready:?}");
+    // The offset is still measured and reported.
+    assert!(replica.metric("plexsphere_clock_offset_seconds").await.is_some());
+
+    proxy.set(Mode::Open);
+    eventually(Duration::from_secs(10), "it decides again", || async {
+        replica.get("/readyz", None).await.status == StatusCode::OK
+    })
+    .await;
+    let (_, token) = replica.enrol(&domain, "node-1").await;
+    assert!(!token.is_empty());
+    replica.stop().await;
+}

@@ -156,9 +156,11 @@ pub fn disciplined(max_skew: Duration) -> (DatabaseClock, ClockStatus) {
 }
 
 /// Measures the database's clock at once and then every [`CHECK_INTERVAL`] (every
-/// [`RETRY_INTERVAL`] while no measurement succeeds), until `shutdown`.
+/// [`RETRY_INTERVAL`] while measurements fail or leave the clock untrusted), until `shutdown`.
 pub async fn run(clock: DatabaseClock, pool: PgPool, metrics: Metrics, shutdown: CancellationToken) {
-    let mut failing = false;
+    let status = ClockStatus { discipline: Some(clock.discipline.clone()) };
+    // One line per spell of failing or untrusted measurements, not one per retry.
+    let (mut failing, mut untrusted_logged) = (false, false);
     loop {
         let measured = tokio::time::timeout(MEASURE_TIMEOUT, measure(&pool))
             .await
@@ -171,7 +173,23 @@ pub async fn run(clock: DatabaseClock, pool: PgPool, metrics: Metrics, shutdown:
                 }
                 metrics.set_clock_offset(sample.offset_seconds);
                 adopt(&clock.discipline, sample);
-                CHECK_INTERVAL
+                match status.check() {
+                    Ok(()) => {
+                        if untrusted_logged {
+                            tracing::info!("the clock is trusted again; deciding");
+                            untrusted_logged = false;
+                        }
+                        CHECK_INTERVAL
+                    }
+                    // Measured, but not well enough to decide with: try again soon.
+                    Err(untrusted) => {
+                        if !untrusted_logged {
+                            tracing::warn!(%untrusted, "the clock cannot be trusted; not deciding");
+                            untrusted_logged = true;
+                        }
+                        RETRY_INTERVAL
+                    }
+                }
             }
             Err(error) => {
                 if !failing {

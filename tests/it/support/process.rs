@@ -79,6 +79,15 @@ impl Launch {
         let serving = process.wait_for_log("serving", Duration::from_secs(20)).await;
         let address = serving.split("local_addr=").nth(1).and_then(|rest| rest.split_whitespace().next());
         process.address = address.map(|address| address.parse().unwrap());
+        // Ready means the database answers and the clock is measured: before that, decisions
+        // answer 500. A process inside a namespace is not reachable from here to ask.
+        if self.namespace.is_none() {
+            let api = process.api();
+            super::replicas::eventually(Duration::from_secs(20), "the process is ready", || async {
+                api.get("/readyz", None).await.status == reqwest::StatusCode::OK
+            })
+            .await;
+        }
         process
     }
 }

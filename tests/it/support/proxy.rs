@@ -18,6 +18,8 @@ pub(crate) enum Mode {
     Severed,
     /// Keeps connections open but forwards nothing, as a partitioned network would.
     Stalled,
+    /// Forwards every byte both ways, each chunk this late, as a slow network would.
+    Delayed(std::time::Duration),
 }
 
 /// The mode, and how many times it was set: a connection lives within one setting.
@@ -125,6 +127,16 @@ async fn forward(mut client: TcpStream, upstream: SocketAddr, mut setting: watch
             }
             return;
         }
+        Mode::Delayed(delay) => {
+            let Ok(server) = TcpStream::connect(upstream).await else { return };
+            let ((from_client, to_client), (from_server, to_server)) = (client.into_split(), server.into_split());
+            tokio::select! {
+                () = pump(from_client, to_server, delay) => {}
+                () = pump(from_server, to_client, delay) => {}
+                _ = setting.wait_for(|now| now.epoch != start.epoch) => {}
+            }
+            return;
+        }
         Mode::Open => {}
     }
     let Ok(mut server) = TcpStream::connect(upstream).await else { return };
@@ -138,6 +150,25 @@ async fn forward(mut client: TcpStream, upstream: SocketAddr, mut setting: watch
         tokio::select! {
             _ = setting.wait_for(|now| now.epoch != epoch) => {}
             () = until_closed(&mut client) => {}
+        }
+    }
+}
+
+/// Copies one direction, holding each chunk back for `delay`.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    delay: std::time::Duration,
+) {
+    use tokio::io::AsyncWriteExt;
+    let mut buffer = vec![0_u8; 16 * 1024];
+    while let Ok(read) = from.read(&mut buffer).await {
+        if read == 0 {
+            return;
+        }
+        tokio::time::sleep(delay).await;
+        if to.write_all(&buffer[..read]).await.is_err() {
+            return;
         }
     }
 }
