@@ -53,7 +53,7 @@ async fn a_replica_30_s_ahead_neither_freezes_other_replicas_buckets_nor_sweeps_
             admitted += 1;
         }
     }
-    assert!((20..=22).contains(&admitted), "{admitted}");
+    assert!((20..25).contains(&admitted), "the burst, and a read or two it refilled meanwhile: {admitted}");
     // Had the skewed replica written its own clock into refilled_at, the honest replica would
     // see no time pass for 30 s. It sees the bucket refill at 10 a second.
     eventually(Duration::from_secs(2), "the honest replica's reads refill", || async {
