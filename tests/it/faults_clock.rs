@@ -124,7 +124,11 @@ async fn a_replica_whose_clock_cannot_be_bounded_answers_500_and_is_not_ready_un
     let replica = Replica::start_with(config(&through_proxy, &knobs), Wiring::production()).await;
     let domain = replica.create_domain("untrusted", None).await;
     let enrol = replica
-        .operator(reqwest::Method::POST, &format!("/v1/domains/{domain}/nodes"), Some(serde_json::json!({ "name": "n" })))
+        .operator(
+            reqwest::Method::POST,
+            &format!("/v1/domains/{domain}/nodes"),
+            Some(serde_json::json!({ "name": "n" })),
+        )
         .await;
     assert_eq!((enrol.status, enrol.code()), (StatusCode::INTERNAL_SERVER_ERROR, "internal"), "{enrol:?}");
     let ready = replica.get("/readyz", None).await;

@@ -129,7 +129,8 @@ async fn forward(mut client: TcpStream, upstream: SocketAddr, mut setting: watch
         }
         Mode::Delayed(delay) => {
             let Ok(server) = TcpStream::connect(upstream).await else { return };
-            let ((from_client, to_client), (from_server, to_server)) = (client.into_split(), server.into_split());
+            let ((from_client, to_client), (from_server, to_server)) =
+                (client.into_split(), server.into_split());
             tokio::select! {
                 () = pump(from_client, to_server, delay) => {}
                 () = pump(from_server, to_client, delay) => {}
