@@ -38,10 +38,12 @@ impl Wiring {
     }
 }
 
-/// The clock limiters and the sweep read, and whether it may be decided with.
+/// The clock limiters and the sweep read, whether it may be decided with, and the task that
+/// measures it (for a given clock, one that only waits for shutdown).
 struct Time {
     clock: Arc<dyn Clock>,
     status: ClockStatus,
+    task: JoinHandle<()>,
 }
 
 /// One running replica.
@@ -53,6 +55,7 @@ pub struct Application {
     server: JoinHandle<()>,
     elector: JoinHandle<()>,
     sweeper: JoinHandle<()>,
+    clock: JoinHandle<()>,
     limiter_store: Store,
 }
 
@@ -82,18 +85,22 @@ impl Application {
                     .options([("statement_timeout", "10000")]),
             );
         let time = match &wiring.time {
-            TimeSource::Given(clock) => Time { clock: clock.clone(), status: ClockStatus::always_trusted() },
+            TimeSource::Given(clock) => Time {
+                clock: clock.clone(),
+                status: ClockStatus::always_trusted(),
+                task: tokio::spawn(shutdown.clone().cancelled_owned()),
+            },
             TimeSource::Database => {
                 let (clock, status) = clock::disciplined(config.max_clock_skew);
                 // On the background pool: one short statement every few seconds, never
                 // behind a request.
-                tokio::spawn(clock::run(
+                let task = tokio::spawn(clock::run(
                     clock.clone(),
                     background_pool.clone(),
                     metrics.clone(),
                     shutdown.clone(),
                 ));
-                Time { clock: Arc::new(clock), status }
+                Time { clock: Arc::new(clock), status, task }
             }
         };
         let state = AppState {
@@ -144,6 +151,7 @@ impl Application {
             server,
             elector,
             sweeper,
+            clock: time.task,
             limiter_store: store,
         })
     }
@@ -174,8 +182,10 @@ impl Application {
     /// # Errors
     /// When the HTTP server task panicked.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        let Application { shutdown, mut server, mut elector, mut sweeper, limiter_store, .. } = self;
-        let (mut server_result, mut elector_done, mut sweeper_done) = (None, false, false);
+        let Application { shutdown, mut server, mut elector, mut sweeper, mut clock, limiter_store, .. } =
+            self;
+        let (mut server_result, mut elector_done, mut sweeper_done, mut clock_done) =
+            (None, false, false, false);
         tokio::select! {
             // Shutdown first: once it is cancelled every task ends, and that is not news.
             biased;
@@ -192,6 +202,10 @@ impl Application {
                 tracing::error!(loop_name = sweep::LOOP_NAME, "the loop stopped on its own");
                 sweeper_done = true;
             }
+            _ = &mut clock => {
+                tracing::error!("the clock discipline stopped on its own");
+                clock_done = true;
+            }
         }
         shutdown.cancel();
         let server_result = match server_result {
@@ -206,6 +220,9 @@ impl Application {
         }
         if !elector_done {
             let _ = elector.await;
+        }
+        if !clock_done {
+            let _ = clock.await;
         }
         // No request is in flight any more: say goodbye to the server on the take connections.
         limiter_store.close().await;
