@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use app::clock::TimeSource;
 use app::leader::LeaderTiming;
 use app::startup::Wiring;
 use ratebudget::ManualClock;
@@ -56,7 +57,7 @@ async fn a_flood_of_reads_past_the_burst_costs_the_database_almost_nothing(
 ) {
     let mut measure = PgConnection::connect_with(&connect).await.unwrap();
     let clock = Arc::new(ManualClock::new(instant()));
-    let wiring = || Wiring { clock: clock.clone(), leader_timing: QUIET_LEADER };
+    let wiring = || Wiring { time: TimeSource::Given(clock.clone()), leader_timing: QUIET_LEADER };
 
     // Set up, and spend the Node's burst of 20, on one replica; then stop it.
     let replica = Replica::start_with(config(&connect, &[]), wiring()).await;
@@ -94,8 +95,11 @@ async fn with_the_table_locked_a_local_scope_answers_in_time_a_closed_one_500_an
         ("PLEXSPHERE_SECRET_READ_NODE_FAIL_MODE", "local"),
         ("PLEXSPHERE_SECRET_READ_DOMAIN_FAIL_MODE", "local"),
     ];
-    let replica =
-        Replica::start_with(config(&connect, &knobs), Wiring { clock, leader_timing: QUIET_LEADER }).await;
+    let replica = Replica::start_with(
+        config(&connect, &knobs),
+        Wiring { time: TimeSource::Given(clock), leader_timing: QUIET_LEADER },
+    )
+    .await;
     let domain = replica.create_domain("d", None).await;
     let (_, token) = replica.enrol(&domain, "n").await;
     replica.put_secret(&domain, "key", "value").await;

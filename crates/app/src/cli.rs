@@ -1,16 +1,101 @@
-//! What each `plexsphere` command does; `main.rs` only parses arguments and dispatches here.
+//! The `plexsphere` command line and what each command does; `main.rs` only calls [`main`].
+//!
+//! It lives in the library so that the integration tests can build the very same binary as a
+//! target of their own (tests/Cargo.toml) and run it as a separate process: under SIGTERM,
+//! SIGKILL, libfaketime or a network namespace.
 
 use std::io::Write;
 use std::str::FromStr;
 
 use anyhow::Context as _;
+use clap::{Parser, Subcommand};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
 use crate::config::{self, Config};
 use crate::startup::{Application, Wiring};
 
-/// `plexsphere serve`: runs one replica until SIGTERM or SIGINT, migrating first unless told not to.
+#[derive(Parser)]
+#[command(name = "plexsphere", about = "Shared rate budgets for a multi-replica API", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the HTTP API and run the leader-elected loops; every knob is listed below.
+    Serve {
+        /// Do not apply pending migrations before serving.
+        #[arg(long)]
+        no_migrate: bool,
+        #[command(flatten)]
+        knobs: Box<config::Knobs>,
+    },
+    /// Apply every pending migration to DATABASE_URL.
+    Migrate {
+        #[command(flatten)]
+        database: Database,
+    },
+    /// Read rate budgets.
+    Budgets {
+        #[command(subcommand)]
+        command: BudgetsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum BudgetsCommand {
+    /// Every scope's tokens and refilled_at for one Node or Domain.
+    Show {
+        /// The Node or Domain id.
+        key: uuid::Uuid,
+        #[command(flatten)]
+        database: Database,
+    },
+    /// Forget one bucket, so the next take on any replica mints it full (unblocks a caller).
+    Reset {
+        /// The scope: secret_read_node, secret_read_domain, access_issuance_domain,
+        /// ingest_node or ingest_domain.
+        scope: ratebudget::Scope,
+        /// The Node or Domain id.
+        key: uuid::Uuid,
+        #[command(flatten)]
+        database: Database,
+    },
+}
+
+/// The whole `plexsphere` binary: parses the command line and runs the command.
+///
+/// # Errors
+/// Whatever the command failed with; an unusable knob exits with status 2 instead.
+pub async fn main() -> anyhow::Result<()> {
+    crate::telemetry::init();
+    match Cli::parse().command {
+        Command::Serve { no_migrate, knobs } => match Config::from_knobs(&knobs) {
+            Ok(config) => serve(config, !no_migrate).await,
+            Err(error) => {
+                eprintln!("plexsphere: refusing to start: {error}");
+                std::process::exit(2);
+            }
+        },
+        Command::Migrate { database } => migrate(database.options()?).await,
+        Command::Budgets { command: BudgetsCommand::Show { key, database } } => {
+            show_budgets(database.options()?, key, &mut std::io::stdout()).await
+        }
+        Command::Budgets { command: BudgetsCommand::Reset { scope, key, database } } => {
+            reset_budget(database.options()?, scope, key, &mut std::io::stdout()).await
+        }
+    }
+}
+
+/// The exit status after a second signal cut shutdown short: 128 + SIGINT, as shells report
+/// a process stopped by Ctrl-C.
+const INTERRUPTED: i32 = 130;
+
+/// `plexsphere serve`: runs one replica until SIGTERM or SIGINT, migrating first unless told
+/// not to. The first signal stops it gracefully (in-flight requests get
+/// `PLEXSPHERE_SHUTDOWN_GRACE_SECS` to finish, leadership is released); a second exits at once.
 ///
 /// # Errors
 /// When the database cannot be migrated or the listener cannot be bound.
@@ -22,10 +107,14 @@ pub async fn serve(config: Config, migrate_first: bool) -> anyhow::Result<()> {
     }
     let application = Application::build(config, Wiring::production()).await?;
     let shutdown = application.shutdown_token();
+    let mut signals = StopSignals::listen();
     tokio::spawn(async move {
-        wait_for_signal().await;
-        tracing::info!("shutting down: finishing in-flight requests");
+        signals.next().await;
+        tracing::info!("shutting down: finishing in-flight requests (a second signal exits at once)");
         shutdown.cancel();
+        signals.next().await;
+        tracing::warn!("second signal: exiting at once");
+        std::process::exit(INTERRUPTED);
     });
     application.run_until_stopped().await
 }
@@ -124,23 +213,54 @@ async fn migrate_pool(pool: &PgPool) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn wait_for_signal() {
-    let interrupt = tokio::signal::ctrl_c();
+/// SIGTERM and SIGINT, listened for once for the whole run, so that a second signal sent
+/// while the first is being handled is not missed.
+struct StopSignals {
     #[cfg(unix)]
-    {
-        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(signal) => signal,
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM; stopping on SIGINT only");
-                let _ = interrupt.await;
-                return;
+    terminate: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    interrupt: Option<tokio::signal::unix::Signal>,
+}
+
+impl StopSignals {
+    fn listen() -> StopSignals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let listen = |kind: SignalKind, name: &str| match signal(kind) {
+                Ok(signal) => Some(signal),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot listen for {name}");
+                    None
+                }
+            };
+            StopSignals {
+                terminate: listen(SignalKind::terminate(), "SIGTERM"),
+                interrupt: listen(SignalKind::interrupt(), "SIGINT"),
             }
-        };
-        tokio::select! {
-            _ = interrupt => {}
-            _ = terminate.recv() => {}
         }
+        #[cfg(not(unix))]
+        StopSignals {}
     }
-    #[cfg(not(unix))]
-    let _ = interrupt.await;
+
+    /// Waits for the next SIGTERM or SIGINT.
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        {
+            async fn recv(signal: &mut Option<tokio::signal::unix::Signal>) {
+                match signal {
+                    Some(signal) => {
+                        signal.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            }
+            tokio::select! {
+                () = recv(&mut self.terminate) => {}
+                () = recv(&mut self.interrupt) => {}
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

@@ -29,6 +29,21 @@ pub const DATABASE_TIMEOUT_MS: &str = "PLEXSPHERE_DATABASE_TIMEOUT_MS";
 pub const DATABASE_MAX_CONNECTIONS: &str = "PLEXSPHERE_DATABASE_MAX_CONNECTIONS";
 /// `PLEXSPHERE_INGEST_MAX_BATCH_BYTES`: the largest telemetry batch accepted (413 above it).
 pub const INGEST_MAX_BATCH_BYTES: &str = "PLEXSPHERE_INGEST_MAX_BATCH_BYTES";
+/// `PLEXSPHERE_HTTP_HEADER_TIMEOUT_MS`: how long a connection may take to send a request's
+/// headers (and how long a kept-alive connection may sit idle) before it is closed.
+pub const HTTP_HEADER_TIMEOUT_MS: &str = "PLEXSPHERE_HTTP_HEADER_TIMEOUT_MS";
+/// `PLEXSPHERE_HTTP_BODY_TIMEOUT_MS`: how long a request's whole body may take to arrive.
+pub const HTTP_BODY_TIMEOUT_MS: &str = "PLEXSPHERE_HTTP_BODY_TIMEOUT_MS";
+/// `PLEXSPHERE_HTTP_REQUEST_TIMEOUT_MS`: the deadline of a whole request, headers received to
+/// response.
+pub const HTTP_REQUEST_TIMEOUT_MS: &str = "PLEXSPHERE_HTTP_REQUEST_TIMEOUT_MS";
+/// `PLEXSPHERE_HTTP_MAX_CONNECTIONS`: how many client connections a replica serves at once.
+pub const HTTP_MAX_CONNECTIONS: &str = "PLEXSPHERE_HTTP_MAX_CONNECTIONS";
+/// `PLEXSPHERE_SHUTDOWN_GRACE_SECS`: how long a stopping replica lets in-flight requests finish.
+pub const SHUTDOWN_GRACE_SECS: &str = "PLEXSPHERE_SHUTDOWN_GRACE_SECS";
+/// `PLEXSPHERE_MAX_CLOCK_SKEW_MS`: the largest error of the replica's database-corrected clock
+/// it still decides with.
+pub const MAX_CLOCK_SKEW_MS: &str = "PLEXSPHERE_MAX_CLOCK_SKEW_MS";
 /// `PLEXSPHERE_SECRET_READ_NODE_PER_SECOND`.
 pub const SECRET_READ_NODE_PER_SECOND: &str = "PLEXSPHERE_SECRET_READ_NODE_PER_SECOND";
 /// `PLEXSPHERE_SECRET_READ_NODE_BURST`.
@@ -163,6 +178,31 @@ pub struct Knobs {
     /// `ingest_domain` when the store cannot answer.
     #[arg(long, env = INGEST_DOMAIN_FAIL_MODE, value_enum, default_value_t = FailModeKnob::Closed)]
     pub ingest_domain_fail_mode: FailModeKnob,
+    /// How long a client may take to send a request's headers, and how long a kept-alive
+    /// connection may sit idle, before the connection is closed (100 to 600000).
+    #[arg(long, env = HTTP_HEADER_TIMEOUT_MS, default_value_t = 5000)]
+    pub http_header_timeout_ms: u64,
+    /// How long a request's whole body may take to arrive before it answers 408 (100 to
+    /// 600000).
+    #[arg(long, env = HTTP_BODY_TIMEOUT_MS, default_value_t = 10_000)]
+    pub http_body_timeout_ms: u64,
+    /// The deadline of a whole request, from its headers to its response, after which it
+    /// answers 503 (above the database timeout, up to 600000).
+    #[arg(long, env = HTTP_REQUEST_TIMEOUT_MS, default_value_t = 15_000)]
+    pub http_request_timeout_ms: u64,
+    /// How many client connections are served at once; further ones wait in the listen queue
+    /// until one closes (1 to 1000000).
+    #[arg(long, env = HTTP_MAX_CONNECTIONS, default_value_t = 1024)]
+    pub http_max_connections: usize,
+    /// How long a stopping replica lets in-flight requests finish before it closes their
+    /// connections and exits; a second SIGTERM or SIGINT exits at once (0 to 3600).
+    #[arg(long, env = SHUTDOWN_GRACE_SECS, default_value_t = 15)]
+    pub shutdown_grace_secs: u64,
+    /// The largest error of the replica's clock, corrected by its measured offset from the
+    /// database's clock, with which it still decides; beyond it budgets answer 500 and /readyz
+    /// 503 (10 to 60000).
+    #[arg(long, env = MAX_CLOCK_SKEW_MS, default_value_t = 1000)]
+    pub max_clock_skew_ms: u64,
 }
 
 impl Knobs {
@@ -223,6 +263,21 @@ pub struct Limits {
     pub ingest_domain: Limit,
 }
 
+/// What the HTTP server allows each client, so that slow or idle clients cannot hold a
+/// replica's sockets or its shutdown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// How long a connection may take to send a request's headers, or sit idle between
+    /// requests.
+    pub header_timeout: Duration,
+    /// How long a request's whole body may take to arrive.
+    pub body_timeout: Duration,
+    /// The deadline of a whole request.
+    pub request_timeout: Duration,
+    /// How many connections are served at once.
+    pub max_connections: usize,
+}
+
 /// Everything the process reads from its environment, validated.
 ///
 /// Its `Debug` leaves out the operator token and the database password.
@@ -248,6 +303,12 @@ pub struct Config {
     pub decision_timeout: Duration,
     /// Each scope's fail mode.
     pub fail_modes: HashMap<Scope, FailMode>,
+    /// What the HTTP server allows each client.
+    pub http: HttpLimits,
+    /// How long a stopping replica lets in-flight requests finish.
+    pub shutdown_grace: Duration,
+    /// The largest error of the corrected clock with which the replica still decides.
+    pub max_clock_skew: Duration,
 }
 
 impl std::fmt::Debug for Config {
@@ -265,6 +326,9 @@ impl std::fmt::Debug for Config {
             .field("ingest_max_batch_bytes", &self.ingest_max_batch_bytes)
             .field("decision_timeout", &self.decision_timeout)
             .field("fail_modes", &self.fail_modes)
+            .field("http", &self.http)
+            .field("shutdown_grace", &self.shutdown_grace)
+            .field("max_clock_skew", &self.max_clock_skew)
             .finish()
     }
 }
@@ -367,6 +431,14 @@ impl Config {
             (Scope::IngestDomain, knobs.ingest_domain_fail_mode.into()),
         ]);
 
+        let http = http_limits(knobs)?;
+        if knobs.shutdown_grace_secs > 3600 {
+            return Err(ConfigError::new(SHUTDOWN_GRACE_SECS, "must be at most 3600"));
+        }
+        if !(10..=60_000).contains(&knobs.max_clock_skew_ms) {
+            return Err(ConfigError::new(MAX_CLOCK_SKEW_MS, "must be between 10 and 60000"));
+        }
+
         Ok(Config {
             database,
             listen,
@@ -378,8 +450,39 @@ impl Config {
             ingest_max_batch_bytes: knobs.ingest_max_batch_bytes,
             decision_timeout: Duration::from_millis(knobs.decision_timeout_ms),
             fail_modes,
+            http,
+            shutdown_grace: Duration::from_secs(knobs.shutdown_grace_secs),
+            max_clock_skew: Duration::from_millis(knobs.max_clock_skew_ms),
         })
     }
+}
+
+/// The HTTP server's limits. The request deadline must exceed the database's, so a request
+/// stuck on the database answers its own 500 (and logs its cause) before the deadline's 503.
+fn http_limits(knobs: &Knobs) -> Result<HttpLimits, ConfigError> {
+    let millis = |knob: &'static str, value: u64| {
+        if (100..=600_000).contains(&value) {
+            Ok(Duration::from_millis(value))
+        } else {
+            Err(ConfigError::new(knob, "must be between 100 and 600000"))
+        }
+    };
+    let limits = HttpLimits {
+        header_timeout: millis(HTTP_HEADER_TIMEOUT_MS, knobs.http_header_timeout_ms)?,
+        body_timeout: millis(HTTP_BODY_TIMEOUT_MS, knobs.http_body_timeout_ms)?,
+        request_timeout: millis(HTTP_REQUEST_TIMEOUT_MS, knobs.http_request_timeout_ms)?,
+        max_connections: knobs.http_max_connections,
+    };
+    if knobs.http_request_timeout_ms <= knobs.database_timeout_ms {
+        return Err(ConfigError::new(
+            HTTP_REQUEST_TIMEOUT_MS,
+            format!("must be above {DATABASE_TIMEOUT_MS} ({} ms)", knobs.database_timeout_ms),
+        ));
+    }
+    if !(1..=1_000_000).contains(&limits.max_connections) {
+        return Err(ConfigError::new(HTTP_MAX_CONNECTIONS, "must be between 1 and 1000000"));
+    }
+    Ok(limits)
 }
 
 /// A scope's budget from its two knobs: a [`Limit`] (the rate-budget store's own rules, among

@@ -16,10 +16,13 @@
 //!
 //! Timing ([`LeaderTiming::STANDARD`]): a follower asks for the lock every 3 s; a leader checks
 //! its session every 2 s and gives up leadership when a check fails or takes over 3 s, so a
-//! replica cut off from the database stops leading within 5 s. The server drops a cut-off
-//! session (and with it the lock) within about 10 s, because the leader's session asks for
-//! aggressive TCP keepalives; the next follower's attempt then wins, so a new leader is in
-//! place within about 13 s of a cut, and at once when the leader shuts down or dies.
+//! replica cut off from the database stops leading within 5 s of its last answered check. The
+//! server drops a cut-off session (and with it the lock) 7 to 8 s after it last heard from the
+//! replica, whether the session was idle or had an answer in flight, because the leader's
+//! session sets the server's `tcp_user_timeout` beside aggressive keepalives; the next
+//! follower's attempt then wins, so a new leader is in place within about 11 s of a silent
+//! partition, and at once when the leader shuts down or dies. The old leader always steps down
+//! (at most 5 s) before the server can free the lock (at least 7 s): no two leaders overlap.
 
 use std::time::Duration;
 
@@ -87,17 +90,25 @@ pub fn spawn(
     (Leadership { leading }, task)
 }
 
-/// The leader's session asks the server to probe its socket every couple of seconds, so the
-/// server notices a replica that vanished (and frees the lock) in seconds rather than after
-/// the kernel's two-hour keepalive default.
+/// How long the server keeps the leader's session when the replica stops acknowledging
+/// anything: above the 5 s in which a cut-off leader steps down, below the 15 s in which a
+/// successor must lead.
+pub const SERVER_USER_TIMEOUT_MS: u64 = 7000;
+
+/// The leader's session asks the server to probe its socket every second after 3 s of silence,
+/// so the server notices a replica that vanished in seconds rather than after the kernel's
+/// two-hour keepalive default; and it sets the server's TCP user timeout, so that data the
+/// server sent (an answer to the last check, say) and never saw acknowledged ends the session
+/// too, instead of being retransmitted for the kernel's fifteen minutes.
 fn leader_session_options(database: PgConnectOptions) -> PgConnectOptions {
     database
         .application_name("plexsphere-leader")
         .options([
-            ("tcp_keepalives_idle", "4"),
-            ("tcp_keepalives_interval", "2"),
-            ("tcp_keepalives_count", "3"),
+            ("tcp_keepalives_idle", "3"),
+            ("tcp_keepalives_interval", "1"),
+            ("tcp_keepalives_count", "4"),
         ])
+        .options([("tcp_user_timeout", SERVER_USER_TIMEOUT_MS)])
         .log_statements(tracing::log::LevelFilter::Trace)
 }
 

@@ -3,6 +3,7 @@
 //! HTTP API and runs the leader-elected background loops.
 
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod http;
 pub mod leader;

@@ -1,17 +1,62 @@
-//! What the composition root learns from every rate-budget decision, without the contexts
-//! knowing: metrics by scope and outcome, and the `RateLimit` fields of the response.
+//! What the composition root puts around every rate-budget decision, without the contexts
+//! knowing: a gate that does not decide at all while this replica's clock cannot be trusted
+//! (`crate::clock`; such a take is an error, HTTP 500, never a refusal), and the guard's
+//! observer, which counts decisions by scope and outcome and records the `RateLimit` fields
+//! of the response.
 //!
 //! The limiters decide through a [`ratebudget::Guard`], which tells its [`Observer`] about
-//! each decision on the deciding request's own task; this is that observer.
+//! each decision on the deciding request's own task.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use ratebudget::{Decision, FailMode, Observer, Scope, Source, Take, Undecided};
+use ratebudget::{Decider, Decision, FailMode, Observer, Scope, Source, Take, Undecided};
 
+use crate::clock::ClockStatus;
 use crate::http::rate_limit_headers;
 use crate::metrics::{Metrics, Outcome};
+
+/// Decides through `inner` only while the clock decisions are made on can be trusted.
+///
+/// It sits in front of the guard, so that an untrusted clock neither reaches the store nor
+/// lets a `local` scope decide from its fallback: no decision at all is the only safe one.
+#[derive(Debug)]
+pub struct ClockGate {
+    inner: Arc<dyn Decider>,
+    clock: ClockStatus,
+    metrics: Metrics,
+}
+
+impl ClockGate {
+    /// A gate in front of `inner`, asking `clock` before every take and counting what it
+    /// stops as `outcome="error"`.
+    pub fn new(inner: Arc<dyn Decider>, clock: ClockStatus, metrics: Metrics) -> ClockGate {
+        ClockGate { inner, clock, metrics }
+    }
+}
+
+#[async_trait::async_trait]
+impl Decider for ClockGate {
+    async fn decide(&self, take: Take, now: DateTime<Utc>) -> Result<Decision, Undecided> {
+        if let Err(untrusted) = self.clock.check() {
+            count_undecided(&self.metrics, &take);
+            return Err(Undecided::Declined(Box::new(untrusted)));
+        }
+        self.inner.decide(take, now).await
+    }
+}
+
+/// Counts a take that was not decided as `error` on every budget it spends.
+fn count_undecided(metrics: &Metrics, take: &Take) {
+    if let Take::Named(spend) = take {
+        metrics.named_decision(spend.limiter.as_str(), Outcome::error);
+    }
+    for (_, spend) in take.spends() {
+        metrics.decision(spend.scope, Outcome::error);
+    }
+}
 
 /// Counts decisions and records the binding bucket for the response's fields.
 #[derive(Debug)]
@@ -44,13 +89,18 @@ impl Observer for DecisionObserver {
         }
         let (decision, source) = match outcome {
             Ok(decided) => decided,
-            Err(_) => {
-                for (_, spend) in take.spends() {
-                    self.metrics.decision(spend.scope, Outcome::error);
-                }
-                return;
-            }
+            Err(_) => return count_undecided(&self.metrics, take),
         };
+        if let Take::Named(spend) = take {
+            let outcome = match (decision, source) {
+                (Decision::Granted(_), Source::Fallback) => Outcome::fallback_granted,
+                (Decision::Granted(_), _) => Outcome::granted,
+                (_, Source::Precheck) => Outcome::precheck_refused,
+                (_, Source::Fallback) => Outcome::fallback_refused,
+                (_, Source::Store) => Outcome::refused,
+            };
+            return self.metrics.named_decision(spend.limiter.as_str(), outcome);
+        }
         match decision {
             // A pair is all-or-nothing: a grant is a grant on both budgets.
             Decision::Granted(_) => {
@@ -85,8 +135,8 @@ impl Observer for DecisionObserver {
     fn abandoned(&self, take: &Take, elapsed: Duration) {
         for (_, spend) in take.spends() {
             self.metrics.take_duration(spend.scope, elapsed);
-            self.metrics.decision(spend.scope, Outcome::error);
         }
+        count_undecided(&self.metrics, take);
     }
 
     fn store_failing(&self, failing: bool) {

@@ -9,6 +9,7 @@
 //! `plexsphere_rate_budget_fallback_active` saying when a scope decides from its fallback.
 
 use std::fmt::Write as _;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -50,6 +51,12 @@ struct DecisionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NamedLabels {
+    limiter: &'static str,
+    outcome: Outcome,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ScopeLabels {
     scope: ScopeLabel,
 }
@@ -81,6 +88,7 @@ pub struct Metrics {
     registry: Arc<Registry>,
     leader: Gauge,
     decisions: Family<DecisionLabels, Counter>,
+    named_decisions: Family<NamedLabels, Counter>,
     take_duration: Family<ScopeLabels, Histogram>,
     fallback_active: Family<ScopeLabels, Gauge>,
     connections_in_use: Family<PoolLabels, Gauge>,
@@ -88,6 +96,7 @@ pub struct Metrics {
     pools: Arc<Mutex<Vec<(&'static str, PoolProbe)>>>,
     sweeps: Family<SweepLabels, Counter>,
     swept_rows: Counter,
+    clock_offset: Gauge<f64, AtomicU64>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -111,6 +120,12 @@ impl Metrics {
             "rate_budget_decisions",
             "Rate-budget decisions by scope and outcome (error: the budget could not be evaluated)",
             decisions.clone(),
+        );
+        let named_decisions = Family::<NamedLabels, Counter>::default();
+        registry.register(
+            "named_limit_decisions",
+            "Decisions of named (GCRA) limiters, such as auth_failure, by limiter and outcome",
+            named_decisions.clone(),
         );
         let take_duration = Family::<ScopeLabels, Histogram>::new_with_constructor(|| {
             Histogram::new([0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0])
@@ -150,10 +165,17 @@ impl Metrics {
             "Idle rate-budget rows deleted by this replica",
             swept_rows.clone(),
         );
+        let clock_offset = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "clock_offset_seconds",
+            "The database's clock minus this replica's wall clock, as last measured (decisions use the database's)",
+            clock_offset.clone(),
+        );
         Metrics {
             registry: Arc::new(registry),
             leader,
             decisions,
+            named_decisions,
             take_duration,
             fallback_active,
             connections_in_use,
@@ -161,6 +183,7 @@ impl Metrics {
             pools: Arc::default(),
             sweeps,
             swept_rows,
+            clock_offset,
         }
     }
 
@@ -172,6 +195,11 @@ impl Metrics {
     /// Counts one decision on one scope.
     pub fn decision(&self, scope: ratebudget::Scope, outcome: Outcome) {
         self.decisions.get_or_create(&DecisionLabels { scope: ScopeLabel(scope), outcome }).inc();
+    }
+
+    /// Counts one decision of a named limiter.
+    pub fn named_decision(&self, limiter: &'static str, outcome: Outcome) {
+        self.named_decisions.get_or_create(&NamedLabels { limiter, outcome }).inc();
     }
 
     /// Records how long a take on `scope` took.
@@ -200,6 +228,11 @@ impl Metrics {
         let outcome = if deleted.is_some() { SweepOutcomeLabel::ok } else { SweepOutcomeLabel::error };
         self.sweeps.get_or_create(&SweepLabels { outcome }).inc();
         self.swept_rows.inc_by(deleted.unwrap_or(0));
+    }
+
+    /// Records the last measured offset of the database's clock from this replica's.
+    pub fn set_clock_offset(&self, seconds: f64) {
+        self.clock_offset.set(seconds);
     }
 
     /// The registry in the OpenMetrics text format.

@@ -1,21 +1,21 @@
 //! Building and running one replica: pools, adapters bound to ports, HTTP, leader and loops.
 
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use ratebudget::{Clock, Decider, Guard, GuardConfig, Spender, Store, SystemClock};
+use ratebudget::{Clock, Decider, Guard, GuardConfig, Spender, Store};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::{self, ClockStatus, TimeSource};
 use crate::config::Config;
 use crate::http::{self, AppState, CredentialCache, OperatorToken};
 use crate::leader::{self, LeaderTiming, Leadership};
-use crate::limits::DecisionObserver;
+use crate::limits::{ClockGate, DecisionObserver};
 use crate::metrics::Metrics;
 use crate::sweep;
 
@@ -26,16 +26,24 @@ const CREDENTIAL_CACHE_CAPACITY: usize = 100_000;
 #[derive(Clone, Debug)]
 pub struct Wiring {
     /// Where limiters and the sweep read `now`.
-    pub clock: Arc<dyn Clock>,
+    pub time: TimeSource,
     /// How often the leader elector acts.
     pub leader_timing: LeaderTiming,
 }
 
 impl Wiring {
-    /// The production wiring: the system clock and the standard leader timing.
+    /// The production wiring: the database's clock and the standard leader timing.
     pub fn production() -> Wiring {
-        Wiring { clock: Arc::new(SystemClock), leader_timing: LeaderTiming::STANDARD }
+        Wiring { time: TimeSource::Database, leader_timing: LeaderTiming::STANDARD }
     }
+}
+
+/// The clock limiters and the sweep read, whether it may be decided with, and the task that
+/// measures it (for a given clock, one that only waits for shutdown).
+struct Time {
+    clock: Arc<dyn Clock>,
+    status: ClockStatus,
+    task: JoinHandle<()>,
 }
 
 /// One running replica.
@@ -44,9 +52,10 @@ pub struct Application {
     shutdown: CancellationToken,
     leadership: Leadership,
     metrics: Metrics,
-    server: JoinHandle<std::io::Result<()>>,
+    server: JoinHandle<()>,
     elector: JoinHandle<()>,
     sweeper: JoinHandle<()>,
+    clock: JoinHandle<()>,
     resets: JoinHandle<()>,
     limiter_store: Store,
 }
@@ -73,11 +82,10 @@ impl Application {
             },
             Arc::new(DecisionObserver::new(metrics.clone(), config.fail_modes.clone())),
         ));
-        let decider: Arc<dyn Decider> = guard.clone();
-        // The sweep gets a pool of its own so a long sweep never takes a request's connection.
-        // One connection for the sweep, one held by the reset listener, one spare.
+        // Background work gets a pool of its own so it never takes a request's connection:
+        // the sweep, the reset listener (which holds one), the clock discipline, and a spare.
         let background_pool = PgPoolOptions::new()
-            .max_connections(3)
+            .max_connections(4)
             .acquire_timeout(Duration::from_secs(10))
             .connect_lazy_with(
                 config
@@ -87,10 +95,32 @@ impl Application {
                     // The sweep bounds each batch itself; this stops the server's side too.
                     .options([("statement_timeout", "10000")]),
             );
+        let time = match &wiring.time {
+            TimeSource::Given(clock) => Time {
+                clock: clock.clone(),
+                status: ClockStatus::always_trusted(),
+                task: tokio::spawn(shutdown.clone().cancelled_owned()),
+            },
+            TimeSource::Database => {
+                let (clock, status) = clock::disciplined(config.max_clock_skew);
+                // On the background pool: one short statement every few seconds, never
+                // behind a request.
+                let task = tokio::spawn(clock::run(
+                    clock.clone(),
+                    background_pool.clone(),
+                    metrics.clone(),
+                    shutdown.clone(),
+                ));
+                Time { clock: Arc::new(clock), status, task }
+            }
+        };
+        // Takes decide through the clock gate, then the guard, then the store.
+        let decider: Arc<dyn Decider> =
+            Arc::new(ClockGate::new(guard.clone(), time.status.clone(), metrics.clone()));
         let state = AppState {
-            access: bind_access(&config, &api_pool, &decider, &wiring),
-            secrets: bind_secrets(&config, &api_pool, &decider, &wiring),
-            ingest: bind_ingest(&config, &api_pool, &decider, &wiring),
+            access: bind_access(&config, &api_pool, &decider, &time),
+            secrets: bind_secrets(&config, &api_pool, &decider, &time),
+            ingest: bind_ingest(&config, &api_pool, &decider, &time),
             budgets: store.clone(),
             guard: guard.clone(),
             operator_token: OperatorToken::new(&config.operator_token),
@@ -99,6 +129,9 @@ impl Application {
             database_timeout: config.database_timeout,
             ingest_max_batch_bytes: config.ingest_max_batch_bytes,
             metrics: metrics.clone(),
+            body_timeout: config.http.body_timeout,
+            request_timeout: config.http.request_timeout,
+            clock: time.status.clone(),
         };
 
         let state_pools = (api_pool, store.clone(), background_pool.clone());
@@ -106,13 +139,14 @@ impl Application {
             .await
             .with_context(|| format!("failed to listen on {}", config.listen))?;
         let local_addr = listener.local_addr()?;
-        let server = tokio::spawn({
-            let shutdown = shutdown.clone();
-            // In-flight requests finish before this returns.
-            axum::serve(listener, http::router(state))
-                .with_graceful_shutdown(shutdown.cancelled_owned())
-                .into_future()
-        });
+        // In-flight requests finish (within the grace) before this returns.
+        let server = tokio::spawn(http::server::serve(
+            listener,
+            http::router(state),
+            config.http,
+            config.shutdown_grace,
+            shutdown.clone(),
+        ));
 
         watch_pools(&metrics, &state_pools);
         let resets = tokio::spawn(ratebudget::follow_resets(
@@ -124,7 +158,7 @@ impl Application {
             leader::spawn(config.database.clone(), wiring.leader_timing, metrics.clone(), shutdown.clone());
         let sweeper = tokio::spawn(sweep::run(
             Store::new(background_pool),
-            wiring.clock.clone(),
+            (time.clock.clone(), time.status.clone()),
             leadership.clone(),
             metrics.clone(),
             config.sweep_interval,
@@ -139,6 +173,7 @@ impl Application {
             server,
             elector,
             sweeper,
+            clock: time.task,
             resets,
             limiter_store: store,
         })
@@ -168,12 +203,20 @@ impl Application {
     /// and stops the rest), then waits for in-flight requests and releases leadership.
     ///
     /// # Errors
-    /// When the HTTP server failed.
+    /// When the HTTP server task panicked.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        let Application { shutdown, mut server, mut elector, mut sweeper, mut resets, limiter_store, .. } =
-            self;
-        let (mut server_result, mut elector_done, mut sweeper_done, mut resets_done) =
-            (None, false, false, false);
+        let Application {
+            shutdown,
+            mut server,
+            mut elector,
+            mut sweeper,
+            mut clock,
+            mut resets,
+            limiter_store,
+            ..
+        } = self;
+        let (mut server_result, mut elector_done, mut sweeper_done, mut clock_done, mut resets_done) =
+            (None, false, false, false, false);
         tokio::select! {
             // Shutdown first: once it is cancelled every task ends, and that is not news.
             biased;
@@ -189,6 +232,10 @@ impl Application {
             _ = &mut sweeper => {
                 tracing::error!(loop_name = sweep::LOOP_NAME, "the loop stopped on its own");
                 sweeper_done = true;
+            }
+            _ = &mut clock => {
+                tracing::error!("the clock discipline stopped on its own");
+                clock_done = true;
             }
             _ = &mut resets => {
                 tracing::error!("the rate-budget reset listener stopped on its own");
@@ -209,12 +256,15 @@ impl Application {
         if !elector_done {
             let _ = elector.await;
         }
+        if !clock_done {
+            let _ = clock.await;
+        }
         if !resets_done {
             let _ = resets.await;
         }
         // No request is in flight any more: say goodbye to the server on the take connections.
         limiter_store.close().await;
-        server_result.context("the HTTP server task panicked")?.context("the HTTP server failed")?;
+        server_result.context("the HTTP server task panicked")?;
         tracing::info!("stopped");
         Ok(())
     }
@@ -285,10 +335,10 @@ fn bind_access(
     config: &Config,
     pool: &PgPool,
     decider: &Arc<dyn Decider>,
-    wiring: &Wiring,
+    time: &Time,
 ) -> access::AccessService {
     let limiter = access::RateBudgetIssuanceLimiter::new(
-        Spender::new(decider.clone(), wiring.clock.clone()),
+        Spender::new(decider.clone(), time.clock.clone()),
         config.limits.access_issuance,
     );
     access::AccessService::new(Arc::new(access::PgAccessRepository::new(pool.clone())), Arc::new(limiter))
@@ -298,10 +348,10 @@ fn bind_secrets(
     config: &Config,
     pool: &PgPool,
     decider: &Arc<dyn Decider>,
-    wiring: &Wiring,
+    time: &Time,
 ) -> secrets::SecretsService {
     let limiter = secrets::RateBudgetReadLimiter::new(
-        Spender::new(decider.clone(), wiring.clock.clone()),
+        Spender::new(decider.clone(), time.clock.clone()),
         config.limits.secret_read_node,
         config.limits.secret_read_domain,
     );
@@ -312,10 +362,10 @@ fn bind_ingest(
     config: &Config,
     pool: &PgPool,
     decider: &Arc<dyn Decider>,
-    wiring: &Wiring,
+    time: &Time,
 ) -> ingest::IngestService {
     let limiter = ingest::RateBudgetQuotaLimiter::new(
-        Spender::new(decider.clone(), wiring.clock.clone()),
+        Spender::new(decider.clone(), time.clock.clone()),
         config.limits.ingest_node,
         config.limits.ingest_domain,
     );

@@ -7,6 +7,14 @@
 //!
 //! The loop carries no readiness probe: a sweep that never ran costs rows, not correctness,
 //! because a take refills from the stored instant whatever the row's age.
+//!
+//! Clocks: `refilled_at` was written by whichever replica took last, on its clock, and the next
+//! take will be judged on another replica's. Every replica's clock is within
+//! `PLEXSPHERE_MAX_CLOCK_SKEW_MS` of the database's (it does not decide otherwise,
+//! `crate::clock`), so two of them are within twice that of each other: the sweep deletes only
+//! buckets idle for the retention plus twice the bound on its own clock, and does not sweep at
+//! all while its clock is untrusted. A deleted bucket is therefore full on every replica's
+//! clock, whatever the skew within the bound.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +22,7 @@ use std::time::Duration;
 use ratebudget::{Clock, Store};
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::{ClockStatus, UntrustedClock};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 
@@ -52,22 +61,29 @@ pub enum SweepError {
     /// A batch did not finish within [`BATCH_TIMEOUT`].
     #[error("a sweep batch did not finish within {0:?}")]
     TimedOut(Duration),
+    /// The replica's clock is not within its bound of the database's, so idleness cannot be
+    /// judged; nothing was deleted.
+    #[error("the clock cannot be trusted")]
+    UntrustedClock(#[from] UntrustedClock),
 }
 
-/// Deletes every bucket idle since before `now - RETENTION`, then every named limiter's key
-/// whose budget is back to full, one batch statement at a time,
-/// for as long as `keep_going` allows between batches; returns how many it deleted.
+/// Deletes every bucket idle since before `now - RETENTION - skew_margin`, then every named
+/// limiter's key whose budget was back to full at `now - skew_margin`, one batch statement at
+/// a time, for as long as `keep_going` allows between batches; returns how many it deleted.
 ///
 /// # Errors
 /// [`SweepError`] when a batch failed or hung; the batches before it stay deleted.
 pub async fn sweep_once(
     store: &Store,
     clock: &dyn Clock,
+    skew_margin: Duration,
     mut keep_going: impl FnMut() -> bool,
 ) -> Result<u64, SweepError> {
-    let retention = chrono::TimeDelta::from_std(RETENTION).expect("an hour is a valid time delta");
+    let idle_for = chrono::TimeDelta::from_std(RETENTION + skew_margin)
+        .expect("an hour and a minute at most is a valid time delta");
+    let margin = chrono::TimeDelta::from_std(skew_margin).expect("a minute at most is a valid time delta");
     let now = clock.now();
-    let mut sweep = store.sweep_idle(now - retention).and_expired(now);
+    let mut sweep = store.sweep_idle(now - idle_for).and_expired(now - margin);
     while keep_going() {
         match tokio::time::timeout(BATCH_TIMEOUT, sweep.next_batch()).await {
             Err(_) => return Err(SweepError::TimedOut(BATCH_TIMEOUT)),
@@ -83,7 +99,7 @@ pub async fn sweep_once(
 /// counts what happened.
 pub async fn tick(
     store: &Store,
-    clock: &dyn Clock,
+    (clock, status): (&dyn Clock, &ClockStatus),
     leadership: &Leadership,
     metrics: &Metrics,
     shutdown: &CancellationToken,
@@ -91,7 +107,16 @@ pub async fn tick(
     if !leadership.is_leader() {
         return SweepOutcome::NotLeader;
     }
-    match sweep_once(store, clock, || leadership.is_leader() && !shutdown.is_cancelled()).await {
+    // Twice the bound: the replica that wrote refilled_at and the one that will take next may
+    // each be off by the bound, in opposite directions.
+    let margin = 2 * status.max_skew();
+    let swept = match status.check() {
+        Ok(()) => {
+            sweep_once(store, clock, margin, || leadership.is_leader() && !shutdown.is_cancelled()).await
+        }
+        Err(untrusted) => Err(untrusted.into()),
+    };
+    match swept {
         Ok(deleted) => {
             tracing::info!(loop_name = LOOP_NAME, deleted, "swept idle rate budgets");
             metrics.sweep(Some(deleted));
@@ -109,7 +134,7 @@ pub async fn tick(
 /// `shutdown`. A follower waits for leadership and never touches the table.
 pub async fn run(
     store: Store,
-    clock: Arc<dyn Clock>,
+    (clock, status): (Arc<dyn Clock>, ClockStatus),
     mut leadership: Leadership,
     metrics: Metrics,
     interval: Duration,
@@ -120,8 +145,15 @@ pub async fn run(
             () = shutdown.cancelled() => return,
             () = leadership.wait_until(true) => {}
         }
-        // A new leader sweeps at once: whoever led before may have died just before its tick.
-        tick(&store, clock.as_ref(), &leadership, &metrics, &shutdown).await;
+        // A new leader sweeps at once (whoever led before may have died just before its tick),
+        // as soon as its clock is measured: idleness cannot be judged before.
+        while status.check().is_err() {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(crate::clock::RETRY_INTERVAL) => {}
+            }
+        }
+        tick(&store, (clock.as_ref(), &status), &leadership, &metrics, &shutdown).await;
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(interval) => {}

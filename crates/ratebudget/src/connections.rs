@@ -111,7 +111,10 @@ impl TakeConnections {
 }
 
 /// One connection, held for one statement. Dropped without [`Lease::release`], it closes the
-/// connection: the statement failed, or was cancelled and may have left the protocol mid-way.
+/// connection (the statement failed, or was cancelled and may have left the protocol mid-way)
+/// and the idle ones too: a statement fails on a live connection rarely, and when the server
+/// restarted or ended our sessions every idle connection is as dead as this one, and each
+/// would otherwise fail one more take before it is found out.
 /// The permit goes back only after the connection is gone (fields drop in order), so the set
 /// never has more connections open than permits.
 pub(crate) struct Lease {
@@ -119,6 +122,15 @@ pub(crate) struct Lease {
     connection: Option<PgConnection>,
     opened_at: Instant,
     _permit: OwnedSemaphorePermit,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.connection.is_some() {
+            let stale: Vec<Idle> = std::mem::take(&mut *self.set.lock_idle());
+            drop(stale);
+        }
+    }
 }
 
 impl Lease {

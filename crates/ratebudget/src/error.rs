@@ -44,6 +44,10 @@ pub enum Undecided {
     /// The store has been failing, so it was not asked (its circuit is open).
     #[error("the rate-budget store is failing, so it was not asked")]
     StoreFailing,
+    /// A layer in front of the store declined to decide (the caller's clock cannot be
+    /// trusted, say); the cause says why.
+    #[error("the take was not decided")]
+    Declined(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl Undecided {

@@ -9,8 +9,10 @@
 //!    grant left, or what a refusal judged). A take whose cost (b) cannot cover yet, or that
 //!    (a) cannot cover, is refused here, without a statement.
 //! 2. **The store**, asked with a deadline (the decision timeout), behind a circuit: after a
-//!    few failures in a row the store is not asked at all, but probed twice a second, and asked
-//!    again as soon as a probe answers.
+//!    few failures in a row, takes whose scopes all decide locally do not ask it at all (they
+//!    decide from their fallback at once) while it is probed twice a second, until a probe or
+//!    any other take finds it answering. Takes that fail closed keep asking: skipping the store
+//!    would only turn their wait into a 500.
 //! 3. **The fail mode** of each scope when the store cannot answer or is not asked: `Closed`
 //!    (the take is [`Undecided`], an HTTP 500) or `Local` (an in-memory bucket of the same
 //!    limit decides, per replica, and a warning is logged at most once a minute per scope).
@@ -342,7 +344,10 @@ impl Guard {
         }
         reserve(&entries, now);
 
-        let answer = self.ask_store(take, now).await;
+        let local = entries
+            .iter()
+            .all(|(_, spend, _)| self.config.fail_mode(Class::Scope(spend.scope)) == FailMode::Local);
+        let answer = self.ask_store(take, now, local).await;
         let undecided = match answer {
             Some(Ok(decision)) => {
                 learn(&entries, &decision, now);
@@ -412,7 +417,8 @@ impl Guard {
             let level = entry.local.level(rate, ceiling, now);
             entry.local.set((level + cost).min(ceiling), now);
         };
-        let undecided = match self.ask_store(Take::Named(spend), now).await {
+        let local = self.config.fail_mode(Class::Limiter(spend.limiter)) == FailMode::Local;
+        let undecided = match self.ask_store(Take::Named(spend), now, local).await {
             Some(Ok(decision)) => {
                 let tat = match &decision {
                     Decision::Granted(grant) => grant.named.map(|(tat, _)| tat),
@@ -462,9 +468,18 @@ impl Guard {
         Ok((decision, Source::Fallback))
     }
 
-    /// Asks the store, with the decision timeout, unless the circuit says not to (`None`).
-    async fn ask_store(&self, take: Take, now: DateTime<Utc>) -> Option<Result<Decision, Undecided>> {
-        match self.ask() {
+    /// Asks the store, with the decision timeout, unless the circuit is open and the take
+    /// `may_skip` the store (every scope it spends decides locally): then `None`, at once.
+    ///
+    /// A take that fails closed always asks: skipping would only turn a wait into a 500, and
+    /// it may be the one that finds the store answering again.
+    async fn ask_store(
+        &self,
+        take: Take,
+        now: DateTime<Utc>,
+        may_skip: bool,
+    ) -> Option<Result<Decision, Undecided>> {
+        match self.ask(may_skip) {
             Ask::No => None,
             Ask::Yes { probe } => {
                 let answer =
@@ -480,7 +495,7 @@ impl Guard {
         }
     }
 
-    fn ask(&self) -> Ask {
+    fn ask(&self, may_skip: bool) -> Ask {
         let mut circuit = lock(&self.circuit);
         match &mut *circuit {
             Circuit::Closed { .. } => Ask::Yes { probe: false },
@@ -488,6 +503,7 @@ impl Guard {
                 *probing = true;
                 Ask::Yes { probe: true }
             }
+            Circuit::Open { .. } if !may_skip => Ask::Yes { probe: false },
             Circuit::Open { .. } => Ask::No,
         }
     }

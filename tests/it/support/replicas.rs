@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use app::clock::TimeSource;
 use app::config::{self, Config, Knobs};
 use app::leader::{LeaderTiming, Leadership};
 use app::startup::{Application, Wiring};
@@ -62,32 +63,67 @@ impl Answer {
 }
 
 pub(crate) struct Replica {
-    base: String,
-    client: reqwest::Client,
+    api: Api,
     pub(crate) leadership: Leadership,
     stop: CancellationToken,
     task: JoinHandle<anyhow::Result<()>>,
 }
 
+/// The API of one replica, in-process or not, over its socket.
+#[derive(Clone)]
+pub(crate) struct Api {
+    base: String,
+    client: reqwest::Client,
+}
+
+impl std::ops::Deref for Replica {
+    type Target = Api;
+
+    fn deref(&self) -> &Api {
+        &self.api
+    }
+}
+
 impl Replica {
     pub(crate) async fn start(config: Config, clock: Arc<dyn Clock>) -> Replica {
-        Replica::start_with(config, Wiring { clock, leader_timing: FAST_LEADER }).await
+        Replica::start_with(config, Wiring { time: TimeSource::Given(clock), leader_timing: FAST_LEADER })
+            .await
     }
 
     pub(crate) async fn start_with(config: Config, wiring: Wiring) -> Replica {
         let application = Application::build(config, wiring).await.unwrap();
-        let base = format!("http://{}", application.local_addr());
+        let api = Api::new(application.local_addr());
         let leadership = application.leadership();
         let stop = application.shutdown_token();
         let task = tokio::spawn(application.run_until_stopped());
-        let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
-        Replica { base, client, leadership, stop, task }
+        Replica { api, leadership, stop, task }
     }
 
     /// Stops the replica gracefully and waits until it has released everything.
     pub(crate) async fn stop(self) {
         self.stop.cancel();
         self.task.await.unwrap().unwrap();
+    }
+}
+
+impl Api {
+    pub(crate) fn new(address: std::net::SocketAddr) -> Api {
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
+        Api { base: format!("http://{address}"), client }
+    }
+
+    /// The base URL, `http://address`.
+    pub(crate) fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// A request that may fail at the transport (refused, reset, timed out): for load under
+    /// faults, where that is an outcome to count rather than a test failure.
+    pub(crate) async fn try_get(&self, path: &str, bearer: &str) -> Result<StatusCode, reqwest::Error> {
+        let response = self.client.get(format!("{}{path}", self.base)).bearer_auth(bearer).send().await?;
+        let status = response.status();
+        response.bytes().await?;
+        Ok(status)
     }
 
     pub(crate) async fn request(
@@ -167,6 +203,15 @@ impl Replica {
         let path = format!("/v1/domains/{domain}/secrets/{name}");
         let answer = self.operator(Method::PUT, &path, Some(serde_json::json!({ "value": value }))).await;
         assert_eq!(answer.status, StatusCode::NO_CONTENT, "{answer:?}");
+    }
+
+    /// The value of an unlabelled metric this replica exposes, if it exposes it.
+    pub(crate) async fn metric(&self, name: &str) -> Option<f64> {
+        let text = self.get("/metrics", None).await.body.as_str().unwrap_or_default().to_owned();
+        let prefix = format!("{name} ");
+        text.lines()
+            .find_map(|line| line.strip_prefix(prefix.as_str()))
+            .map(|value| value.trim().parse().unwrap())
     }
 
     /// The value of the `plexsphere_leader` gauge this replica exposes.

@@ -56,6 +56,29 @@ fn invalid_knobs_are_named() {
     rejects(&[(INGEST_DOMAIN_BYTES_PER_SECOND, "1e300")], INGEST_DOMAIN_BYTES_PER_SECOND);
     // 20 reads at one every ten minutes: over an hour to refill.
     rejects(&[(SECRET_READ_NODE_PER_SECOND, "0.0016")], SECRET_READ_NODE_BURST);
+    rejects(&[(HTTP_HEADER_TIMEOUT_MS, "0")], HTTP_HEADER_TIMEOUT_MS);
+    rejects(&[(HTTP_BODY_TIMEOUT_MS, "99")], HTTP_BODY_TIMEOUT_MS);
+    rejects(&[(HTTP_MAX_CONNECTIONS, "0")], HTTP_MAX_CONNECTIONS);
+    // A request deadline at or below the database's would hide the database's own 500.
+    rejects(&[(HTTP_REQUEST_TIMEOUT_MS, "3000")], HTTP_REQUEST_TIMEOUT_MS);
+    rejects(&[(SHUTDOWN_GRACE_SECS, "3601")], SHUTDOWN_GRACE_SECS);
+    rejects(&[(MAX_CLOCK_SKEW_MS, "5")], MAX_CLOCK_SKEW_MS);
+}
+
+#[test]
+fn http_limits_and_clock_bound_have_bounded_defaults() {
+    let config = parse(&[]).unwrap();
+    assert_eq!(
+        config.http,
+        HttpLimits {
+            header_timeout: Duration::from_secs(5),
+            body_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(15),
+            max_connections: 1024,
+        }
+    );
+    assert_eq!(config.shutdown_grace, Duration::from_secs(15));
+    assert_eq!(config.max_clock_skew, Duration::from_secs(1));
 }
 
 #[test]

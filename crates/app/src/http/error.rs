@@ -36,6 +36,11 @@ pub enum ApiError {
         /// What was not found.
         message: String,
     },
+    /// 408: the body did not arrive within `PLEXSPHERE_HTTP_BODY_TIMEOUT_MS`.
+    BodyTimeout {
+        /// The body's deadline.
+        after: Duration,
+    },
     /// 413: a body over a limit.
     PayloadTooLarge {
         /// The machine-readable code (`payload_too_large`, `batch_larger_than_quota`).
@@ -79,6 +84,7 @@ impl ApiError {
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::DatabaseTimeout { .. } | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -124,6 +130,9 @@ impl IntoResponse for ApiError {
             ApiError::BadRequest { code, message } => (code, message.clone()),
             ApiError::Unauthorized => ("unauthorized", "missing or invalid bearer token".to_owned()),
             ApiError::NotFound { code, message } => (code, message.clone()),
+            ApiError::BodyTimeout { after } => {
+                ("request_timeout", format!("the body did not arrive within {} ms", after.as_millis()))
+            }
             ApiError::PayloadTooLarge { code, limit } => {
                 (code, format!("the body is larger than the limit of {limit} bytes"))
             }
@@ -142,6 +151,10 @@ impl IntoResponse for ApiError {
             }
         };
         let mut response = error_response(status, code, &message);
+        if status == StatusCode::REQUEST_TIMEOUT {
+            // The rest of the body may still be on its way: the connection cannot be reused.
+            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         if status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }

@@ -4,11 +4,13 @@
 //! [`ApiError`]s. They hold no database handle of their own beyond the readiness probe's.
 
 mod auth;
+mod deadline;
 mod error;
 mod node;
 mod operator;
 mod probes;
 pub mod rate_limit_headers;
+pub mod server;
 
 use std::cell::Cell;
 use std::future::Future;
@@ -28,6 +30,7 @@ use tower_http::trace::{DefaultOnResponse, TraceLayer};
 pub use auth::{CredentialCache, OperatorToken};
 pub use error::{cause_chain, error_response, retry_after_seconds, ApiError};
 
+use crate::clock::ClockStatus;
 use crate::metrics::Metrics;
 
 /// The largest JSON body an operator route reads: a 64 KiB secret, JSON-escaped, fits.
@@ -59,6 +62,12 @@ pub struct AppState {
     pub ingest_max_batch_bytes: usize,
     /// This process's metrics.
     pub metrics: Metrics,
+    /// How long a request's whole body may take to arrive.
+    pub body_timeout: Duration,
+    /// The deadline of a whole request.
+    pub request_timeout: Duration,
+    /// Whether this replica's clock may be decided with; `/readyz` fails while it may not.
+    pub clock: ClockStatus,
 }
 
 tokio::task_local! {
@@ -132,6 +141,9 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(probes::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), database_time))
         .layer(axum::middleware::from_fn(rate_limit_headers::add_fields))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), deadline::body_deadline))
+        // Inside the trace layer, so a request cut off by its deadline is logged in its span.
+        .layer(axum::middleware::from_fn_with_state(state.clone(), deadline::request_deadline))
         // A failure is logged once, where it becomes a response (error.rs), so the trace
         // layer only opens the span and logs each response at debug level.
         .layer(
@@ -188,7 +200,9 @@ fn read_body(
     limit: usize,
 ) -> Result<axum::body::Bytes, ApiError> {
     body.map_err(|rejection| {
-        if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        if let Some(after) = deadline::body_deadline_in(&rejection) {
+            ApiError::BodyTimeout { after }
+        } else if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::PayloadTooLarge { code: "payload_too_large", limit: limit as u64 }
         } else {
             ApiError::bad_request(format!("unreadable body: {rejection}"))

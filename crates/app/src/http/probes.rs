@@ -14,9 +14,14 @@ pub(super) async fn healthz() -> Json<serde_json::Value> {
     Json(json!({ "status": "ok" }))
 }
 
-/// `GET /readyz`: 200 only when the database answers in time, so a load balancer sends
-/// traffic elsewhere while it does not.
+/// `GET /readyz`: 200 only when the database answers in time and this replica's clock is
+/// within its bound of the database's (it does not decide otherwise), so a load balancer sends
+/// traffic elsewhere while either fails.
 pub(super) async fn readyz(State(state): State<AppState>) -> Response {
+    if let Err(untrusted) = state.clock.check() {
+        tracing::warn!(cause = %untrusted, "not ready: the clock cannot be trusted");
+        return error_response(StatusCode::SERVICE_UNAVAILABLE, "not_ready", "the clock cannot be trusted");
+    }
     let probe = sqlx::query("SELECT 1").execute(&state.readiness);
     match tokio::time::timeout(state.database_timeout, probe).await {
         Ok(Ok(_)) => Json(json!({ "status": "ready" })).into_response(),
