@@ -39,7 +39,11 @@ async fn assert_recovers(replica: &Replica, token: &str) {
     .await;
     let batch = replica.request(Method::POST, "/v1/ingest", Some(token), Some(b"cpu=0.5".to_vec())).await;
     assert_eq!(batch.status, StatusCode::ACCEPTED);
-    assert_eq!(replica.get("/readyz", None).await.status, StatusCode::OK);
+    // Readiness answers from a probe at most a second old.
+    eventually(Duration::from_secs(3), "readiness recovers", || async {
+        replica.get("/readyz", None).await.status == StatusCode::OK
+    })
+    .await;
 }
 
 /// A replica behind a proxy, serving a Node and its secret; the proxy then does `outage`

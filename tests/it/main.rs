@@ -6,6 +6,7 @@
 
 mod access_adapters;
 mod app_api;
+mod app_auth_throttle;
 mod app_outage;
 mod app_replicas;
 mod app_resilience;
@@ -17,6 +18,7 @@ mod faults_http;
 mod faults_leader;
 mod guard;
 mod ingest_adapters;
+mod named_limits;
 mod ratebudget_store;
 mod secrets_adapters;
 mod support;

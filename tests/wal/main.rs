@@ -4,7 +4,7 @@
 //! test binaries one after another, so while this one runs no other test writes WAL.
 
 use chrono::{TimeZone, Utc};
-use ratebudget::{Budget, Key, Scope, Store};
+use ratebudget::{Budget, Key, Limit, LimiterName, NamedKey, NamedSpend, Scope, Store, Take};
 use sqlx::PgPool;
 
 /// The reference's statement without the snapshot guard: a plain upsert whose conflict arm
@@ -63,8 +63,33 @@ async fn a_thousand_refusals_on_an_exhausted_bucket_write_next_to_no_wal(pool: P
     }
     let plain = wal_position(&pool).await - before;
 
-    eprintln!("WAL for {REFUSALS} refusals: guarded take {guarded} bytes, plain upsert {plain} bytes");
+    // A named (GCRA) limiter's refusals go through the same kind of guard.
+    let limiter = LimiterName::new("wal_check").unwrap();
+    let named = |key: &str| {
+        Take::Named(NamedSpend {
+            limiter,
+            key: NamedKey::of(limiter, key.as_bytes()),
+            cells: 1,
+            limit: Limit::new(1.0, 3.0).unwrap(),
+        })
+    };
+    for _ in 0..3 {
+        assert!(store.decide(named("10.0.0.1"), now).await.unwrap().is_granted());
+    }
+    let mut named_guarded = i64::MAX;
+    for _ in 0..3 {
+        let before = wal_position(&pool).await;
+        for _ in 0..REFUSALS {
+            assert!(!store.decide(named("10.0.0.1"), now).await.unwrap().is_granted());
+        }
+        named_guarded = named_guarded.min(wal_position(&pool).await - before);
+    }
+
+    eprintln!(
+        "WAL for {REFUSALS} refusals: guarded take {guarded} bytes, named limiter {named_guarded} bytes, plain upsert {plain} bytes"
+    );
     // A write per refusal is at least a lock record and a commit record each.
     assert!(plain >= 50 * REFUSALS as i64, "the measurement sees writes: {plain} bytes");
     assert!(guarded * 20 < plain, "guarded {guarded} bytes against plain {plain} bytes");
+    assert!(named_guarded * 20 < plain, "named {named_guarded} bytes against plain {plain} bytes");
 }

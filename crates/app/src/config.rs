@@ -64,6 +64,12 @@ pub const INGEST_NODE_BYTES_BURST: &str = "PLEXSPHERE_INGEST_NODE_BYTES_BURST";
 pub const INGEST_DOMAIN_BYTES_PER_SECOND: &str = "PLEXSPHERE_INGEST_DOMAIN_BYTES_PER_SECOND";
 /// `PLEXSPHERE_INGEST_DOMAIN_BYTES_BURST`.
 pub const INGEST_DOMAIN_BYTES_BURST: &str = "PLEXSPHERE_INGEST_DOMAIN_BYTES_BURST";
+/// `PLEXSPHERE_AUTH_FAILURE_PER_SECOND`.
+pub const AUTH_FAILURE_PER_SECOND: &str = "PLEXSPHERE_AUTH_FAILURE_PER_SECOND";
+/// `PLEXSPHERE_AUTH_FAILURE_BURST`.
+pub const AUTH_FAILURE_BURST: &str = "PLEXSPHERE_AUTH_FAILURE_BURST";
+/// `PLEXSPHERE_TRUSTED_PROXIES`: proxies whose `X-Forwarded-For` is believed.
+pub const TRUSTED_PROXIES: &str = "PLEXSPHERE_TRUSTED_PROXIES";
 /// `PLEXSPHERE_DECISION_TIMEOUT_MS`: how long a take waits for the shared store.
 pub const DECISION_TIMEOUT_MS: &str = "PLEXSPHERE_DECISION_TIMEOUT_MS";
 /// `PLEXSPHERE_SECRET_READ_NODE_FAIL_MODE`.
@@ -159,6 +165,18 @@ pub struct Knobs {
     /// take connections).
     #[arg(long, env = DATABASE_MAX_CONNECTIONS, default_value_t = 16)]
     pub database_max_connections: u32,
+    /// Failed authentications a client address may make a second, sustained, across every
+    /// replica (a missing, malformed, unknown or wrong token is one).
+    #[arg(long, env = AUTH_FAILURE_PER_SECOND, default_value_t = 0.2)]
+    pub auth_failure_per_second: f64,
+    /// Failed authentications a client address may make back to back (at least 1) before
+    /// further attempts answer 429 without a credential lookup.
+    #[arg(long, env = AUTH_FAILURE_BURST, default_value_t = 20.0)]
+    pub auth_failure_burst: f64,
+    /// Comma-separated addresses or CIDR ranges of the proxies in front of the service; only
+    /// their X-Forwarded-For is believed about a client's address (empty: none).
+    #[arg(long, env = TRUSTED_PROXIES, default_value = "")]
+    pub trusted_proxies: String,
     /// How long a take waits for the shared store before it counts as not answered (and its
     /// scope's fail mode decides), in milliseconds (10 to 60000).
     #[arg(long, env = DECISION_TIMEOUT_MS, default_value_t = 250)]
@@ -299,6 +317,10 @@ pub struct Config {
     pub database_max_connections: u32,
     /// The largest telemetry batch accepted.
     pub ingest_max_batch_bytes: usize,
+    /// Failed authentications per client address.
+    pub auth_failures: Limit,
+    /// Proxies whose X-Forwarded-For is believed.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
     /// How long a take waits for the shared store.
     pub decision_timeout: Duration,
     /// Each scope's fail mode.
@@ -324,6 +346,8 @@ impl std::fmt::Debug for Config {
             .field("database_timeout", &self.database_timeout)
             .field("database_max_connections", &self.database_max_connections)
             .field("ingest_max_batch_bytes", &self.ingest_max_batch_bytes)
+            .field("auth_failures", &self.auth_failures)
+            .field("trusted_proxies", &self.trusted_proxies)
             .field("decision_timeout", &self.decision_timeout)
             .field("fail_modes", &self.fail_modes)
             .field("http", &self.http)
@@ -420,6 +444,14 @@ impl Config {
         if knobs.database_max_connections == 0 {
             return Err(ConfigError::new(DATABASE_MAX_CONNECTIONS, "must be at least 1"));
         }
+        // A failure costs one whole cell of a GCRA limiter.
+        let auth_failures = limit(
+            (AUTH_FAILURE_PER_SECOND, knobs.auth_failure_per_second),
+            (AUTH_FAILURE_BURST, knobs.auth_failure_burst),
+            1.0,
+        )?;
+        let trusted_proxies = crate::http::throttle::parse_trusted_proxies(&knobs.trusted_proxies)
+            .map_err(|problem| ConfigError::new(TRUSTED_PROXIES, problem))?;
         if !(10..=60_000).contains(&knobs.decision_timeout_ms) {
             return Err(ConfigError::new(DECISION_TIMEOUT_MS, "must be between 10 and 60000"));
         }
@@ -448,6 +480,8 @@ impl Config {
             database_timeout: Duration::from_millis(knobs.database_timeout_ms),
             database_max_connections: knobs.database_max_connections,
             ingest_max_batch_bytes: knobs.ingest_max_batch_bytes,
+            auth_failures,
+            trusted_proxies,
             decision_timeout: Duration::from_millis(knobs.decision_timeout_ms),
             fail_modes,
             http,

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use ratebudget::{Clock, Decider, Guard, GuardConfig, Spender, Store};
+use std::collections::HashMap;
+
+use ratebudget::{Clock, Decider, FailMode, Guard, GuardConfig, LimiterName, Spender, Store};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 use tokio::task::JoinHandle;
@@ -77,7 +79,13 @@ impl Application {
             GuardConfig {
                 decision_timeout: config.decision_timeout,
                 fail_modes: config.fail_modes.clone(),
-                named_fail_modes: Default::default(),
+                // Failed authentications keep being throttled per replica while the store
+                // cannot answer: the alternative is an unthrottled guesser or a 500 for a
+                // client whose credentials were simply wrong.
+                named_fail_modes: HashMap::from([(
+                    LimiterName::new(http::throttle::AUTH_FAILURE).expect("a valid limiter name"),
+                    FailMode::Local,
+                )]),
                 capacity: GuardConfig::DEFAULT_CAPACITY,
             },
             Arc::new(DecisionObserver::new(metrics.clone(), config.fail_modes.clone())),
@@ -125,7 +133,14 @@ impl Application {
             guard: guard.clone(),
             operator_token: OperatorToken::new(&config.operator_token),
             credentials: CredentialCache::new(CREDENTIAL_CACHE_CAPACITY),
-            readiness: api_pool.clone(),
+            readiness: http::probes::Readiness::new(api_pool.clone(), config.database_timeout),
+            throttle: http::throttle::AuthThrottle::new(
+                decider.clone(),
+                guard.clone(),
+                time.clock.clone(),
+                config.auth_failures,
+                config.trusted_proxies.clone(),
+            ),
             database_timeout: config.database_timeout,
             ingest_max_batch_bytes: config.ingest_max_batch_bytes,
             metrics: metrics.clone(),

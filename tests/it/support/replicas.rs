@@ -142,6 +142,12 @@ impl Api {
         self.send(request, bearer, None).await
     }
 
+    /// A GET as if it came through a trusted proxy from `client` (its X-Forwarded-For).
+    pub(crate) async fn get_from(&self, path: &str, bearer: Option<&str>, client: &str) -> Answer {
+        let request = self.client.get(format!("{}{path}", self.base)).header("x-forwarded-for", client);
+        self.send(request, bearer, None).await
+    }
+
     async fn send(
         &self,
         mut request: reqwest::RequestBuilder,

@@ -47,10 +47,15 @@ impl FromRequestParts<AppState> for Operator {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        match bearer(parts) {
-            Some(token) if state.operator_token.matches(token) => Ok(Operator),
-            _ => Err(ApiError::Unauthorized),
+        // The operator's own token is never throttled.
+        if bearer(parts).is_some_and(|token| state.operator_token.matches(token)) {
+            return Ok(Operator);
         }
+        let client = state.throttle.client(parts);
+        if let Some(refused) = state.throttle.known_refusal(&client) {
+            return Err(refused);
+        }
+        Err(state.throttle.failed(&client).await)
     }
 }
 
@@ -61,18 +66,33 @@ impl FromRequestParts<AppState> for NodeCaller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        let presented = bearer(parts).ok_or(ApiError::Unauthorized)?;
-        // A malformed token is refused here, without a round trip.
-        let token = access::NodeToken::parse(presented).map_err(|_| ApiError::Unauthorized)?;
-        let hash = token.hash();
-        let node = match state.credentials.get(hash.as_bytes()) {
-            Some(node) => node,
-            None => {
-                let node = state
+        let token = bearer(parts).and_then(|presented| access::NodeToken::parse(presented).ok());
+        let known = token.as_ref().and_then(|token| state.credentials.get(token.hash().as_bytes()));
+        // A token this replica already knows to be valid is never throttled.
+        let node = match (known, token) {
+            (Some(node), _) => node,
+            (None, token) => {
+                let client = state.throttle.client(parts);
+                // A spent failure budget answers before any lookup: a flood of made-up tokens
+                // costs the database nothing.
+                if let Some(refused) = state.throttle.known_refusal(&client) {
+                    return Err(refused);
+                }
+                // Missing or malformed: refused without a round trip, and counted.
+                let Some(token) = token else { return Err(state.throttle.failed(&client).await) };
+                match state
                     .bounded("authenticating a node", state.access.authenticate(token.expose()))
-                    .await??;
-                state.credentials.insert(*hash.as_bytes(), node);
-                node
+                    .await?
+                {
+                    Ok(node) => {
+                        state.credentials.insert(*token.hash().as_bytes(), node);
+                        node
+                    }
+                    Err(access::AuthError::MalformedToken | access::AuthError::UnknownToken) => {
+                        return Err(state.throttle.failed(&client).await)
+                    }
+                    Err(unavailable @ access::AuthError::Unavailable(_)) => return Err(unavailable.into()),
+                }
             }
         };
         // Every later line of this request's log names the caller.

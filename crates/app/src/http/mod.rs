@@ -8,9 +8,10 @@ mod deadline;
 mod error;
 mod node;
 mod operator;
-mod probes;
+pub mod probes;
 pub mod rate_limit_headers;
 pub mod server;
+pub mod throttle;
 
 use std::cell::Cell;
 use std::future::Future;
@@ -23,7 +24,6 @@ use axum::middleware::Next;
 use axum::response::Response;
 use axum::routing::{delete, get, post, put};
 use axum::Router;
-use sqlx::PgPool;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
@@ -52,10 +52,12 @@ pub struct AppState {
     pub guard: std::sync::Arc<ratebudget::Guard>,
     /// The operator routes' token.
     pub operator_token: OperatorToken,
+    /// Failed authentications per client address, across replicas.
+    pub throttle: throttle::AuthThrottle,
     /// Recently authenticated Node tokens.
     pub credentials: CredentialCache,
-    /// The pool `/readyz` asks.
-    pub readiness: PgPool,
+    /// What `/readyz` answers, from a recent probe of the database.
+    pub readiness: probes::Readiness,
     /// The longest any request waits for the database.
     pub database_timeout: Duration,
     /// The largest telemetry batch accepted.

@@ -1,10 +1,14 @@
 //! Probes, metrics and the answers for unknown routes.
 
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
+use sqlx::PgPool;
 
 use super::{error_response, ApiError, AppState};
 
@@ -14,19 +18,62 @@ pub(super) async fn healthz() -> Json<serde_json::Value> {
     Json(json!({ "status": "ok" }))
 }
 
-/// `GET /readyz`: 200 only when the database answers in time and this replica's clock is
-/// within its bound of the database's (it does not decide otherwise), so a load balancer sends
-/// traffic elsewhere while either fails.
+/// Whether the database answered, as of the last probe: `/readyz` is unauthenticated, so
+/// it must not be a way to make every request cost a round trip. A probe is made at most once
+/// a [`Readiness::FRESH_FOR`]; callers meanwhile (and while it runs) get its answer.
+#[derive(Clone)]
+pub struct Readiness {
+    pool: PgPool,
+    timeout: Duration,
+    last: Arc<tokio::sync::Mutex<Option<Probe>>>,
+}
+
+/// When the database was last probed, and what it answered.
+type Probe = (Instant, Result<(), String>);
+
+impl Readiness {
+    /// How long a probe's answer is served before the next probe.
+    pub const FRESH_FOR: Duration = Duration::from_secs(1);
+
+    /// Probes `pool`, each probe bounded by `timeout`.
+    pub fn new(pool: PgPool, timeout: Duration) -> Readiness {
+        Readiness { pool, timeout, last: Arc::default() }
+    }
+
+    /// `Ok` when the database answered the last probe, made now if the last is stale.
+    ///
+    /// # Errors
+    /// Why the database did not answer, as text for the log.
+    pub async fn check(&self) -> Result<(), String> {
+        // One prober at a time; the others wait for its answer rather than probe too.
+        let mut last = self.last.lock().await;
+        if let Some((at, answer)) = &*last {
+            if at.elapsed() < Self::FRESH_FOR {
+                return answer.clone();
+            }
+        }
+        let probe = sqlx::query("SELECT 1").execute(&self.pool);
+        let answer = match tokio::time::timeout(self.timeout, probe).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(error)) => Err(error.to_string()),
+            Err(_) => Err("the database did not answer in time".to_owned()),
+        };
+        *last = Some((Instant::now(), answer.clone()));
+        answer
+    }
+}
+
+/// `GET /readyz`: 200 only when the database answers in time (as of a probe at most a second
+/// old) and this replica's clock is within its bound of the database's (it does not decide
+/// otherwise), so a load balancer sends traffic elsewhere while either fails.
 pub(super) async fn readyz(State(state): State<AppState>) -> Response {
     if let Err(untrusted) = state.clock.check() {
         tracing::warn!(cause = %untrusted, "not ready: the clock cannot be trusted");
         return error_response(StatusCode::SERVICE_UNAVAILABLE, "not_ready", "the clock cannot be trusted");
     }
-    let probe = sqlx::query("SELECT 1").execute(&state.readiness);
-    match tokio::time::timeout(state.database_timeout, probe).await {
-        Ok(Ok(_)) => Json(json!({ "status": "ready" })).into_response(),
-        Ok(Err(error)) => not_ready(&error.to_string()),
-        Err(_) => not_ready("the database did not answer in time"),
+    match state.readiness.check().await {
+        Ok(()) => Json(json!({ "status": "ready" })).into_response(),
+        Err(cause) => not_ready(&cause),
     }
 }
 

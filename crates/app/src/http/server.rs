@@ -18,6 +18,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::ConnectInfo;
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -26,6 +27,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tower_http::add_extension::AddExtension;
 
 use crate::config::HttpLimits;
 
@@ -51,10 +53,10 @@ pub async fn serve(
             () = shutdown.cancelled() => break,
             slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
         };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             () = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(error) => {
                     tracing::warn!(%error, "accepting a connection failed");
                     tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;
@@ -67,7 +69,12 @@ pub async fn serve(
         let connection = http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_timeout)
-            .serve_connection(TokioIo::new(stream), TowerToHyperService::new(router.clone()));
+            // The peer's address travels with every request (the failed-authentication budget
+            // is keyed by it), as axum's own serve would provide it.
+            .serve_connection(
+                TokioIo::new(stream),
+                TowerToHyperService::new(AddExtension::new(router.clone(), ConnectInfo(peer))),
+            );
         let shutdown = shutdown.clone();
         connections.spawn(async move {
             let _slot = slot;
