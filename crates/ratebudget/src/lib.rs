@@ -20,6 +20,7 @@
 //!
 //! This crate owns the table and every statement that touches it; nothing else does.
 
+mod batch;
 mod clock;
 mod connections;
 mod decision;
@@ -30,6 +31,7 @@ mod named;
 mod spender;
 mod store;
 
+pub use batch::Coalescing;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decider, Decision, Grant, InsufficientCapacity, Refusal, Take, Which};
 pub use error::{Error, Undecided};

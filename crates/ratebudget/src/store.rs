@@ -5,15 +5,14 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Row};
 
+use crate::batch::{self, Coalescer, Coalescing, Statement};
 use crate::connections::TakeConnections;
 use crate::named::Gcra;
 use crate::{
-    named, Budget, Decider, Decision, Error, Fill, Grant, InsufficientCapacity, Key, Limit, LimiterName,
-    NamedKey, NamedSpend, Refusal, Scope, Spend, Take, Undecided, Which,
+    named, Budget, Decider, Decision, Error, Grant, InsufficientCapacity, Key, Limit, LimiterName, NamedKey,
+    NamedSpend, Refusal, Scope, Spend, Take, Undecided, Which,
 };
 
-const TAKE: &str = include_str!("../queries/take.sql");
-const DECIDE_PAIR: &str = include_str!("../queries/decide_pair.sql");
 const DELETE_IDLE: &str = include_str!("../queries/delete_idle.sql");
 const BUCKETS: &str = include_str!("../queries/buckets.sql");
 const RESET: &str = include_str!("../queries/reset.sql");
@@ -35,6 +34,7 @@ pub(crate) const RESET_CHANNEL: &str = "plexsphere_rate_budget_reset";
 pub struct Store {
     pool: PgPool,
     takes: Arc<TakeConnections>,
+    coalescer: Arc<Coalescer>,
 }
 
 impl std::fmt::Debug for Store {
@@ -65,7 +65,21 @@ impl Store {
     /// caller that must answer in bounded time (as the HTTP service does) puts a timeout
     /// around the take, and a cancelled take closes its connection rather than reusing it.
     pub fn new(pool: PgPool) -> Store {
-        Store { takes: Arc::new(TakeConnections::new(pool.clone())), pool }
+        let takes = Arc::new(TakeConnections::new(pool.clone()));
+        let coalescer = Arc::new(Coalescer::new(takes.clone(), Coalescing::DEFAULT));
+        Store { takes, pool, coalescer }
+    }
+
+    /// This store, coalescing concurrent takes as `coalescing` says (docs/adr/0006;
+    /// [`Coalescing::DEFAULT`] unless told otherwise). Clones made before keep their own.
+    pub fn with_coalescing(mut self, coalescing: Coalescing) -> Store {
+        self.coalescer = Arc::new(Coalescer::new(self.takes.clone(), coalescing));
+        self
+    }
+
+    /// How this store coalesces takes.
+    pub fn coalescing(&self) -> Coalescing {
+        self.coalescer.coalescing()
     }
 
     /// Takes `cost` tokens from the bucket `(scope, key)`, sized by `budget`, at the caller's
@@ -115,38 +129,58 @@ impl Store {
     /// [`Error::InvalidBudget`] when one bucket is named twice with two different limits;
     /// [`Error::Database`] when the database did not answer, which is never a refusal.
     pub async fn decide(&self, take: Take, now: DateTime<Utc>) -> Result<Decision, Error> {
-        for (_, spend) in take.spends() {
-            spend.validate()?;
+        match reduce(take)? {
+            Reduced::Answered(decision) => Ok(decision),
+            Reduced::Named(spend) => self.decide_named(spend, now).await,
+            Reduced::Statement(statement) => self.coalescer.decide(statement, now).await,
         }
-        for (which, spend) in take.spends() {
-            if spend.never_fits() {
-                let (cost, burst) = (spend.cost, spend.limit.burst());
-                return Ok(Decision::InsufficientCapacity(InsufficientCapacity { which, cost, burst }));
+    }
+
+    /// Decides `takes` in order, each at its own instant, exactly as [`Store::decide`] one at
+    /// a time would, with every take that needs the database in one round trip and one
+    /// transaction: what the store's coalescing sends for concurrent callers.
+    ///
+    /// # Errors
+    /// Per take, as [`Store::decide`]: bad input before any query; when the call fails, every
+    /// take that needed it fails with [`Error::Database`], never a refusal.
+    pub async fn decide_all(&self, takes: &[(Take, DateTime<Utc>)]) -> Vec<Result<Decision, Error>> {
+        let mut answers: Vec<Option<Result<Decision, Error>>> = Vec::with_capacity(takes.len());
+        let mut statements = Vec::new();
+        let mut named = Vec::new();
+        for (i, (take, now)) in takes.iter().enumerate() {
+            answers.push(match reduce(*take) {
+                Ok(Reduced::Answered(decision)) => Some(Ok(decision)),
+                Ok(Reduced::Named(spend)) => {
+                    named.push((i, spend, *now));
+                    None
+                }
+                Ok(Reduced::Statement(statement)) => {
+                    statements.push((i, statement, *now));
+                    None
+                }
+                Err(error) => Some(Err(error)),
+            });
+        }
+        // Named limiters are another table and statement; they are not coalesced.
+        for (i, spend, now) in named {
+            answers[i] = Some(self.decide_named(spend, now).await);
+        }
+        let sent: Vec<(Statement, DateTime<Utc>)> =
+            statements.iter().map(|(_, statement, now)| (*statement, *now)).collect();
+        match batch::run(&self.takes, &sent).await {
+            Ok(decisions) => {
+                for ((i, _, _), decision) in statements.iter().zip(decisions) {
+                    answers[*i] = Some(Ok(decision));
+                }
+            }
+            Err(error) => {
+                let shared = Arc::new(error);
+                for (i, _, _) in &statements {
+                    answers[*i] = Some(Err(batch::batch_failed(&shared)));
+                }
             }
         }
-        let (first, second) = match take {
-            Take::Single(spend) => return self.decide_single(spend, Which::First, now).await,
-            Take::Pair(first, second) => (first, second),
-            Take::Named(spend) => return self.decide_named(spend, now).await,
-        };
-        if (first.scope, first.key) == (second.scope, second.key) {
-            if first.limit != second.limit {
-                return Err(Error::InvalidBudget);
-            }
-            let both = Spend { cost: first.cost + second.cost, ..first };
-            if both.never_fits() {
-                let (cost, burst) = (both.cost, both.limit.burst());
-                let which = Which::First;
-                return Ok(Decision::InsufficientCapacity(InsufficientCapacity { which, cost, burst }));
-            }
-            return self.decide_single(both, Which::First, now).await;
-        }
-        match (first.is_free(), second.is_free()) {
-            (true, true) => Ok(Decision::Granted(Grant::FREE)),
-            (false, true) => self.decide_single(first, Which::First, now).await,
-            (true, false) => self.decide_single(second, Which::Second, now).await,
-            (false, false) => self.decide_pair(first, second, now).await,
-        }
+        answers.into_iter().map(|answer| answer.expect("every take is answered")).collect()
     }
 
     /// An idle sweep deleting every bucket last taken from before `before`, batch by batch.
@@ -260,78 +294,62 @@ impl Store {
     pub fn connections_in_use_and_waiting(&self) -> (usize, usize) {
         self.takes.usage()
     }
+}
 
-    async fn decide_single(&self, spend: Spend, which: Which, now: DateTime<Utc>) -> Result<Decision, Error> {
+/// What a take comes to before the database: an answer, a statement, or a named limiter's.
+enum Reduced {
+    Answered(Decision),
+    Statement(Statement),
+    Named(NamedSpend),
+}
+
+/// Validates `take` and answers what needs no query: a zero cost is granted (a pair with one
+/// free side is a single take of the other), a cost above its burst can never fit, and a pair
+/// naming one bucket twice is one take of both costs (which needs one limit).
+fn reduce(take: Take) -> Result<Reduced, Error> {
+    for (_, spend) in take.spends() {
+        spend.validate()?;
+    }
+    for (which, spend) in take.spends() {
+        if spend.never_fits() {
+            let (cost, burst) = (spend.cost, spend.limit.burst());
+            return Ok(Reduced::Answered(Decision::InsufficientCapacity(InsufficientCapacity {
+                which,
+                cost,
+                burst,
+            })));
+        }
+    }
+    let single = |spend: Spend, which| {
         if spend.is_free() {
-            return Ok(Decision::Granted(Grant::FREE));
+            Reduced::Answered(Decision::Granted(Grant::FREE))
+        } else {
+            Reduced::Statement(Statement::Single { spend, which })
         }
-        let takes = self.takes.clone();
-        let row: Option<(bool, f64, DateTime<Utc>)> = detached(async move {
-            let mut lease = takes.lease().await?;
-            let row = sqlx::query_as(TAKE)
-                .bind(spend.scope.as_str())
-                .bind(spend.key.as_uuid())
-                .bind(spend.cost)
-                .bind(spend.limit.per_second())
-                .bind(spend.limit.burst())
-                .bind(now)
-                .fetch_optional(lease.connection())
-                .await?;
-            lease.release();
-            Ok(row)
-        })
-        .await?;
-        let decision = match row {
-            Some((true, tokens, refilled_at)) => {
-                let fill = Some(Fill { tokens, refilled_at });
-                let (first, second) = if which == Which::First { (fill, None) } else { (None, fill) };
-                Decision::Granted(Grant { first, second, named: None })
-            }
-            Some((false, tokens, refilled_at)) => {
-                refused(spend, which, Some(Fill { tokens, refilled_at }), now)
-            }
-            None => refused(spend, which, None, now),
-        };
-        Ok(decision)
-    }
-
-    async fn decide_pair(&self, first: Spend, second: Spend, now: DateTime<Utc>) -> Result<Decision, Error> {
-        let takes = self.takes.clone();
-        let row: PairRow = detached(async move {
-            let mut lease = takes.lease().await?;
-            let row = sqlx::query_as(DECIDE_PAIR)
-                .bind(first.scope.as_str())
-                .bind(first.key.as_uuid())
-                .bind(first.cost)
-                .bind(first.limit.per_second())
-                .bind(first.limit.burst())
-                .bind(second.scope.as_str())
-                .bind(second.key.as_uuid())
-                .bind(second.cost)
-                .bind(second.limit.per_second())
-                .bind(second.limit.burst())
-                .bind(now)
-                .fetch_one(lease.connection())
-                .await?;
-            lease.release();
-            Ok(row)
-        })
-        .await?;
-        let fill = |tokens: Option<f64>, refilled_at: Option<DateTime<Utc>>| {
-            Some(Fill { tokens: tokens?, refilled_at: refilled_at? })
-        };
-        let first_fill = fill(row.first_tokens, row.first_refilled_at);
-        let second_fill = fill(row.second_tokens, row.second_refilled_at);
-        match row.refused {
-            0 => Ok(Decision::Granted(Grant { first: first_fill, second: second_fill, named: None })),
-            1 => Ok(refused(first, Which::First, first_fill, now)),
-            2 => Ok(refused(second, Which::Second, second_fill, now)),
-            other => Err(Error::Database(sqlx::Error::Decode(
-                format!("decide_rate_budget_pair answered refused = {other}; this build knows 0, 1 and 2")
-                    .into(),
-            ))),
+    };
+    let (first, second) = match take {
+        Take::Single(spend) => return Ok(single(spend, Which::First)),
+        Take::Pair(first, second) => (first, second),
+        Take::Named(spend) => return Ok(Reduced::Named(spend)),
+    };
+    if (first.scope, first.key) == (second.scope, second.key) {
+        if first.limit != second.limit {
+            return Err(Error::InvalidBudget);
         }
+        let both = Spend { cost: first.cost + second.cost, ..first };
+        if both.never_fits() {
+            let (cost, burst) = (both.cost, both.limit.burst());
+            let never = InsufficientCapacity { which: Which::First, cost, burst };
+            return Ok(Reduced::Answered(Decision::InsufficientCapacity(never)));
+        }
+        return Ok(single(both, Which::First));
     }
+    Ok(match (first.is_free(), second.is_free()) {
+        (true, true) => Reduced::Answered(Decision::Granted(Grant::FREE)),
+        (false, true) => single(first, Which::First),
+        (true, false) => single(second, Which::Second),
+        (false, false) => Reduced::Statement(Statement::Pair { first, second }),
+    })
 }
 
 /// Runs one statement on a task of its own and waits for it.
@@ -413,24 +431,6 @@ impl Decider for Store {
     async fn decide(&self, take: Take, now: DateTime<Utc>) -> Result<Decision, Undecided> {
         Ok(Store::decide(self, take, now).await?)
     }
-}
-
-/// The refusal of `spend` by a bucket judged as `judged` (unknown when a concurrent take won
-/// under the lock: the wait is then bounded by an empty bucket's).
-fn refused(spend: Spend, which: Which, judged: Option<Fill>, now: DateTime<Utc>) -> Decision {
-    let basis = judged.unwrap_or(Fill { tokens: 0.0, refilled_at: now });
-    let retry_after = spend.limit.time_to_cover(basis, spend.cost, now);
-    Decision::Refused(Refusal { which, retry_after, judged, tat: None })
-}
-
-/// The row `decide_rate_budget_pair` answers.
-#[derive(sqlx::FromRow, Debug)]
-struct PairRow {
-    refused: i16,
-    first_tokens: Option<f64>,
-    first_refilled_at: Option<DateTime<Utc>>,
-    second_tokens: Option<f64>,
-    second_refilled_at: Option<DateTime<Utc>>,
 }
 
 /// An idle sweep in progress: [`IdleSweep::next_batch`] deletes one batch of at most

@@ -1,0 +1,385 @@
+//! Coalesced takes: client-side group commit.
+//!
+//! A take costs a round trip and a commit; the row work is cheap (PERF-NOTES.md: one statement
+//! taking from 16 buckets ran 5.4 times the takes a second of 16 single statements). So while
+//! a call is on the wire, concurrent takes wait in a queue, and when it returns the queue goes
+//! as the next call: `plexsphere.decide_rate_budget_batch` (migrations/0009), which decides
+//! them in order exactly as one at a time. There is no timer: a lone take is sent at once, as
+//! itself (take.sql or the pair function), and pays only a task hand-off.
+//!
+//! The calls run on tasks of their own ("drivers"), at most a few at a time, each looping
+//! while the queue is not empty. A caller waits for its answer on a channel; one whose
+//! deadline passes stops waiting and nobody else notices.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+use tokio::sync::oneshot;
+
+use crate::connections::TakeConnections;
+use crate::{Decision, Error, Fill, Grant, Key, Refusal, Scope, Spend, Which};
+
+const TAKE: &str = include_str!("../queries/take.sql");
+const DECIDE_PAIR: &str = include_str!("../queries/decide_pair.sql");
+const DECIDE_BATCH: &str = include_str!("../queries/decide_batch.sql");
+
+/// A take that needs the database, as sent: one bucket, or two all-or-nothing.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Statement {
+    /// One bucket; `which` is the position its answers name (a pair with a free side is a
+    /// single take of its other side).
+    Single { spend: Spend, which: Which },
+    /// Two distinct buckets.
+    Pair { first: Spend, second: Spend },
+}
+
+/// How many takes one call may carry, and how many calls may be on the wire at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Coalescing {
+    /// The most takes in one call; 1 sends every take as its own statement.
+    pub max_batch: usize,
+    /// The most calls on the wire at once, each on a connection of its own.
+    pub max_in_flight: usize,
+}
+
+impl Coalescing {
+    /// What a store does unless told otherwise: up to 64 takes a call (PERF-NOTES.md: 79k
+    /// takes a second at 64 a statement on this machine), two calls at once (one per core of
+    /// the database's machine here; BENCHMARKS.md section 6 has the figures).
+    pub const DEFAULT: Coalescing = Coalescing { max_batch: 64, max_in_flight: 2 };
+
+    /// Every take its own statement, at once: the store before coalescing, for comparison.
+    pub const OFF: Coalescing = Coalescing { max_batch: 1, max_in_flight: usize::MAX };
+}
+
+/// One queued take and where its answer goes.
+struct Queued {
+    statement: Statement,
+    now: DateTime<Utc>,
+    answer: oneshot::Sender<Result<Decision, Error>>,
+}
+
+struct State {
+    queue: VecDeque<Queued>,
+    drivers: usize,
+}
+
+/// The queue and its drivers.
+pub(crate) struct Coalescer {
+    takes: Arc<TakeConnections>,
+    coalescing: Coalescing,
+    state: Mutex<State>,
+}
+
+impl Coalescer {
+    pub(crate) fn new(takes: Arc<TakeConnections>, coalescing: Coalescing) -> Coalescer {
+        let coalescing = Coalescing {
+            max_batch: coalescing.max_batch.max(1),
+            max_in_flight: coalescing.max_in_flight.max(1),
+        };
+        Coalescer { takes, coalescing, state: Mutex::new(State { queue: VecDeque::new(), drivers: 0 }) }
+    }
+
+    pub(crate) fn coalescing(&self) -> Coalescing {
+        self.coalescing
+    }
+
+    /// Decides `statement` at `now`, in a call with whatever else is queued when a driver
+    /// next sends one.
+    pub(crate) async fn decide(
+        self: &Arc<Self>,
+        statement: Statement,
+        now: DateTime<Utc>,
+    ) -> Result<Decision, Error> {
+        let (answer, answered) = oneshot::channel();
+        let start_driver = {
+            let mut state = self.lock();
+            state.queue.push_back(Queued { statement, now, answer });
+            let start = state.drivers < self.coalescing.max_in_flight;
+            if start {
+                state.drivers += 1;
+            }
+            start
+        };
+        if start_driver {
+            tokio::spawn(self.clone().drive());
+        }
+        // A driver answers every take it pops, or its task panicked or the runtime is ending.
+        answered.await.unwrap_or(Err(Error::Database(sqlx::Error::PoolClosed)))
+    }
+
+    /// Sends the queue, call after call, until it is empty. The check for "empty" and the
+    /// driver count change under one lock, so a take queued meanwhile is always picked up.
+    async fn drive(self: Arc<Self>) {
+        loop {
+            let batch: Vec<Queued> = {
+                let mut state = self.lock();
+                if state.queue.is_empty() {
+                    state.drivers -= 1;
+                    return;
+                }
+                let n = state.queue.len().min(self.coalescing.max_batch);
+                state.queue.drain(..n).collect()
+            };
+            let statements: Vec<(Statement, DateTime<Utc>)> =
+                batch.iter().map(|queued| (queued.statement, queued.now)).collect();
+            match run(&self.takes, &statements).await {
+                Ok(decisions) => {
+                    for (queued, decision) in batch.into_iter().zip(decisions) {
+                        // A caller that stopped waiting dropped its receiver; nothing to do.
+                        let _ = queued.answer.send(Ok(decision));
+                    }
+                }
+                Err(error) => {
+                    let shared = Arc::new(error);
+                    for queued in batch {
+                        let _ = queued.answer.send(Err(batch_failed(&shared)));
+                    }
+                }
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // Between statements the queue and the count are whole; a panic cannot tear them.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Every take of a failed call fails with the call's error, never a refusal. `sqlx::Error` is
+/// not `Clone`, so each gets it as the source of an error of its own.
+pub(crate) fn batch_failed(error: &Arc<sqlx::Error>) -> Error {
+    Error::Database(sqlx::Error::Io(std::io::Error::other(BatchFailed(error.clone()))))
+}
+
+/// The call a take was decided in failed.
+#[derive(Debug)]
+struct BatchFailed(Arc<sqlx::Error>);
+
+impl std::fmt::Display for BatchFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the coalesced take this take was in failed: {}", self.0)
+    }
+}
+
+impl std::error::Error for BatchFailed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self.0.as_ref())
+    }
+}
+
+/// Decides `statements` in order on one leased connection, in one round trip: as themselves
+/// when there is one, as the batch function when there are more.
+pub(crate) async fn run(
+    takes: &Arc<TakeConnections>,
+    statements: &[(Statement, DateTime<Utc>)],
+) -> Result<Vec<Decision>, sqlx::Error> {
+    let mut lease = takes.lease().await?;
+    let decisions = match statements {
+        [] => Vec::new(),
+        [(statement, now)] => vec![run_one(lease.connection(), *statement, *now).await?],
+        _ => run_many(lease.connection(), statements).await?,
+    };
+    lease.release();
+    Ok(decisions)
+}
+
+/// One take, as take.sql or the pair function.
+async fn run_one(
+    connection: &mut PgConnection,
+    statement: Statement,
+    now: DateTime<Utc>,
+) -> Result<Decision, sqlx::Error> {
+    match statement {
+        Statement::Single { spend, which } => {
+            let row: Option<(bool, f64, DateTime<Utc>)> = sqlx::query_as(TAKE)
+                .bind(spend.scope.as_str())
+                .bind(spend.key.as_uuid())
+                .bind(spend.cost)
+                .bind(spend.limit.per_second())
+                .bind(spend.limit.burst())
+                .bind(now)
+                .fetch_optional(connection)
+                .await?;
+            Ok(match row {
+                Some((true, tokens, refilled_at)) => granted(which, Fill { tokens, refilled_at }),
+                Some((false, tokens, refilled_at)) => {
+                    refused(spend, which, Some(Fill { tokens, refilled_at }), now)
+                }
+                None => refused(spend, which, None, now),
+            })
+        }
+        Statement::Pair { first, second } => {
+            let row: Row = sqlx::query_as(DECIDE_PAIR)
+                .bind(first.scope.as_str())
+                .bind(first.key.as_uuid())
+                .bind(first.cost)
+                .bind(first.limit.per_second())
+                .bind(first.limit.burst())
+                .bind(second.scope.as_str())
+                .bind(second.key.as_uuid())
+                .bind(second.cost)
+                .bind(second.limit.per_second())
+                .bind(second.limit.burst())
+                .bind(now)
+                .fetch_one(connection)
+                .await?;
+            row.decision(Some(first), Some(second), now)
+        }
+    }
+}
+
+/// Many takes, in order, as one call of `plexsphere.decide_rate_budget_batch`.
+async fn run_many(
+    connection: &mut PgConnection,
+    statements: &[(Statement, DateTime<Utc>)],
+) -> Result<Vec<Decision>, sqlx::Error> {
+    // The distinct buckets, in the global (scope, key) order every caller locks in.
+    let mut buckets: BTreeMap<(Scope, Key), i32> = BTreeMap::new();
+    for (statement, _) in statements {
+        for spend in sides(*statement).into_iter().flatten() {
+            buckets.insert((spend.scope, spend.key), 0);
+        }
+    }
+    for (position, index) in buckets.values_mut().enumerate() {
+        *index = position as i32 + 1;
+    }
+    let scopes: Vec<&str> = buckets.keys().map(|(scope, _)| scope.as_str()).collect();
+    let keys: Vec<uuid::Uuid> = buckets.keys().map(|(_, key)| key.as_uuid()).collect();
+    let index = |spend: &Spend| buckets[&(spend.scope, spend.key)];
+
+    let n = statements.len();
+    let (mut first_bucket, mut first_cost, mut first_rate, mut first_burst) =
+        (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+    let (mut second_bucket, mut second_cost, mut second_rate, mut second_burst) =
+        (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+    let mut nows = Vec::with_capacity(n);
+    for (statement, now) in statements {
+        let [first, second] = sides(*statement);
+        let first = first.expect("every statement has a first side");
+        first_bucket.push(index(&first));
+        first_cost.push(first.cost);
+        first_rate.push(first.limit.per_second());
+        first_burst.push(first.limit.burst());
+        second_bucket.push(second.as_ref().map(index));
+        second_cost.push(second.map(|spend| spend.cost));
+        second_rate.push(second.map(|spend| spend.limit.per_second()));
+        second_burst.push(second.map(|spend| spend.limit.burst()));
+        nows.push(*now);
+    }
+    let rows: Vec<(i32, Row)> = sqlx::query_as::<_, BatchRow>(DECIDE_BATCH)
+        .bind(&scopes)
+        .bind(&keys)
+        .bind(&first_bucket)
+        .bind(&first_cost)
+        .bind(&first_rate)
+        .bind(&first_burst)
+        .bind(&second_bucket)
+        .bind(&second_cost)
+        .bind(&second_rate)
+        .bind(&second_burst)
+        .bind(&nows)
+        .fetch_all(connection)
+        .await?
+        .into_iter()
+        .map(|row| (row.take, row.row))
+        .collect();
+    if rows.len() != n || rows.iter().enumerate().any(|(i, (take, _))| *take != i as i32 + 1) {
+        return Err(sqlx::Error::Decode(
+            format!("decide_rate_budget_batch answered {} rows for {n} takes, out of order", rows.len())
+                .into(),
+        ));
+    }
+    rows.into_iter()
+        .zip(statements)
+        .map(|((_, row), (statement, now))| match *statement {
+            Statement::Single { spend, which } => {
+                // A single take is sent as its first side; its answers name `which`.
+                let row = row.moved_to(which);
+                let (first, second) =
+                    if which == Which::First { (Some(spend), None) } else { (None, Some(spend)) };
+                row.decision(first, second, *now)
+            }
+            Statement::Pair { first, second } => row.decision(Some(first), Some(second), *now),
+        })
+        .collect()
+}
+
+/// A statement's sides as the batch function takes them: the first, and the second of a pair.
+fn sides(statement: Statement) -> [Option<Spend>; 2] {
+    match statement {
+        Statement::Single { spend, .. } => [Some(spend), None],
+        Statement::Pair { first, second } => [Some(first), Some(second)],
+    }
+}
+
+/// What the pair and batch functions answer for one take.
+#[derive(sqlx::FromRow, Debug)]
+struct Row {
+    refused: i16,
+    first_tokens: Option<f64>,
+    first_refilled_at: Option<DateTime<Utc>>,
+    second_tokens: Option<f64>,
+    second_refilled_at: Option<DateTime<Utc>>,
+}
+
+#[derive(sqlx::FromRow, Debug)]
+struct BatchRow {
+    take: i32,
+    #[sqlx(flatten)]
+    row: Row,
+}
+
+impl Row {
+    /// A single take sent as a first side, whose answers must name `which`.
+    fn moved_to(self, which: Which) -> Row {
+        match which {
+            Which::First => self,
+            Which::Second => Row {
+                refused: if self.refused == 1 { 2 } else { self.refused },
+                first_tokens: None,
+                first_refilled_at: None,
+                second_tokens: self.first_tokens,
+                second_refilled_at: self.first_refilled_at,
+            },
+        }
+    }
+
+    /// The decision this row states for a take whose sides are `first` and `second`.
+    fn decision(
+        self,
+        first: Option<Spend>,
+        second: Option<Spend>,
+        now: DateTime<Utc>,
+    ) -> Result<Decision, sqlx::Error> {
+        let fill = |tokens: Option<f64>, refilled_at: Option<DateTime<Utc>>| {
+            Some(Fill { tokens: tokens?, refilled_at: refilled_at? })
+        };
+        let first_fill = fill(self.first_tokens, self.first_refilled_at);
+        let second_fill = fill(self.second_tokens, self.second_refilled_at);
+        match (self.refused, first, second) {
+            (0, _, _) => Ok(Decision::Granted(Grant { first: first_fill, second: second_fill, named: None })),
+            (1, Some(first), _) => Ok(refused(first, Which::First, first_fill, now)),
+            (2, _, Some(second)) => Ok(refused(second, Which::Second, second_fill, now)),
+            (other, _, _) => Err(sqlx::Error::Decode(
+                format!("a take function answered refused = {other}; this build knows 0, 1 and 2").into(),
+            )),
+        }
+    }
+}
+
+/// A grant naming `which`, with what it left.
+fn granted(which: Which, fill: Fill) -> Decision {
+    let (first, second) = if which == Which::First { (Some(fill), None) } else { (None, Some(fill)) };
+    Decision::Granted(Grant { first, second, named: None })
+}
+
+/// The refusal of `spend` by a bucket judged as `judged` (unknown when a concurrent take won
+/// under the lock: the wait is then bounded by an empty bucket's).
+pub(crate) fn refused(spend: Spend, which: Which, judged: Option<Fill>, now: DateTime<Utc>) -> Decision {
+    let basis = judged.unwrap_or(Fill { tokens: 0.0, refilled_at: now });
+    let retry_after = spend.limit.time_to_cover(basis, spend.cost, now);
+    Decision::Refused(Refusal { which, retry_after, judged, tat: None })
+}
