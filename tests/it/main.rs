@@ -10,6 +10,7 @@ mod app_outage;
 mod app_replicas;
 mod architecture;
 mod ingest_adapters;
+mod migrations;
 mod ratebudget_store;
 mod secrets_adapters;
 mod support;
