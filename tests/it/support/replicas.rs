@@ -42,6 +42,7 @@ pub(crate) fn config(database: &PgConnectOptions, knobs: &[(&str, &str)]) -> Con
 #[derive(Debug)]
 pub(crate) struct Answer {
     pub(crate) status: StatusCode,
+    pub(crate) headers: reqwest::header::HeaderMap,
     pub(crate) retry_after: Option<u64>,
     pub(crate) body: Value,
 }
@@ -111,6 +112,7 @@ impl Replica {
         }
         let response = request.send().await.unwrap();
         let status = response.status();
+        let headers = response.headers().clone();
         let retry_after = response
             .headers()
             .get(reqwest::header::RETRY_AFTER)
@@ -122,7 +124,23 @@ impl Replica {
             serde_json::from_slice(&bytes)
                 .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
         };
-        Answer { status, retry_after, body }
+        Answer { status, headers, retry_after, body }
+    }
+
+    /// A request with exactly these headers besides the client's own (a header named twice is
+    /// sent twice), for tests of hostile or ambiguous headers.
+    pub(crate) async fn request_with_headers(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<Vec<u8>>,
+    ) -> Answer {
+        let mut request = self.client.request(method, format!("{}{path}", self.base));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        self.send(request, None, body).await
     }
 
     pub(crate) async fn operator(&self, method: Method, path: &str, body: Option<Value>) -> Answer {

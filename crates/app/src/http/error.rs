@@ -154,6 +154,24 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// The answer to a handler that panicked: a 500 like any other, with the panic's message
+/// logged once inside the request's span (route, request id, caller).
+///
+/// The message goes to the log, never to the client. Every value that could hold a token or a
+/// secret (`NodeToken`, `SecretValue`, keys) prints `<redacted>` in `Debug`, so a panic message
+/// built from them cannot carry one either.
+// CatchPanicLayer hands the payload over by value; the signature is its, not a choice.
+#[allow(clippy::needless_pass_by_value)]
+pub fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let message = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&'static str>().copied())
+        .unwrap_or("a panic whose payload is not text");
+    tracing::error!(panic = message, "request failed: the handler panicked");
+    error_response(StatusCode::INTERNAL_SERVER_ERROR, "internal", "the service could not answer; try again")
+}
+
 /// `Retry-After` in whole seconds, rounded up, and at least 1: a client told 0 would retry at
 /// once into the same refusal.
 pub fn retry_after_seconds(retry_after: Duration) -> u64 {

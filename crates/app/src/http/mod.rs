@@ -17,20 +17,25 @@ use axum::extract::{DefaultBodyLimit, FromRequestParts, MatchedPath, Path, Reque
 use axum::http::request::Parts;
 use axum::http::HeaderName;
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::Router;
 use sqlx::PgPool;
+use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
 pub use auth::{CredentialCache, OperatorToken};
-pub use error::{cause_chain, error_response, retry_after_seconds, ApiError};
+pub use error::{cause_chain, error_response, panic_response, retry_after_seconds, ApiError};
 
 use crate::metrics::Metrics;
 
 /// The largest JSON body an operator route reads: a 64 KiB secret, JSON-escaped, fits.
 const OPERATOR_BODY_LIMIT: usize = 512 * 1024;
+
+/// The header of every response that carries a token or a secret value: no cache, shared or
+/// private, may keep a copy (RFC 9111, section 5.2.2.5).
+const NO_STORE: [(HeaderName, &str); 1] = [(axum::http::header::CACHE_CONTROL, "no-store")];
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -125,7 +130,10 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(probes::metrics))
         .fallback(probes::not_found)
         .method_not_allowed_fallback(probes::method_not_allowed)
+        .layer(axum::middleware::from_fn(refuse_doubled_headers))
         .layer(axum::middleware::from_fn_with_state(state.clone(), database_time))
+        // Inside the trace layer, so a panic's log line is in the request's span.
+        .layer(CatchPanicLayer::custom(panic_response))
         // A failure is logged once, where it becomes a response (error.rs), so the trace
         // layer only opens the span and logs each response at debug level.
         .layer(
@@ -138,6 +146,21 @@ pub fn router(state: AppState) -> Router {
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
         .with_state(state)
+}
+
+/// Headers a request may carry at most once: two `Authorization` headers make it ambiguous who
+/// is calling (one proxy may check the first, another the second), and two request ids make it
+/// ambiguous which one the log and the client quote. Either is a 400 before any handler runs.
+const SINGLE_HEADERS: [HeaderName; 2] = [axum::http::header::AUTHORIZATION, REQUEST_ID];
+
+async fn refuse_doubled_headers(request: Request, next: Next) -> Response {
+    for name in &SINGLE_HEADERS {
+        if request.headers().get_all(name).iter().nth(1).is_some() {
+            return ApiError::bad_request(format!("the {name} header must appear at most once"))
+                .into_response();
+        }
+    }
+    next.run(request).await
 }
 
 /// A path's parameters, with a JSON 400 (instead of axum's plain-text rejection) when they do

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::auth::Operator;
 use super::error::unknown_domain;
-use super::{parse_json, parse_uuid, ApiError, AppState, PathParams, OPERATOR_BODY_LIMIT};
+use super::{parse_json, parse_uuid, ApiError, AppState, PathParams, NO_STORE, OPERATOR_BODY_LIMIT};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -105,7 +105,7 @@ pub(super) async fn enrol_node(
         name: enrolment.node.name.as_str().to_owned(),
         token: enrolment.token.expose().to_owned(),
     };
-    Ok((StatusCode::CREATED, Json(body)).into_response())
+    Ok((StatusCode::CREATED, NO_STORE, Json(body)).into_response())
 }
 
 #[derive(Deserialize)]
