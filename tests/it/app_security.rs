@@ -12,7 +12,7 @@ use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::support::helpers::instant;
-use crate::support::replicas::{config, Answer, Replica, OPERATOR_TOKEN};
+use crate::support::replicas::{config, Answer, Replica, OPERATOR_TOKEN, SECRETS_KEY};
 
 #[track_caller]
 fn check(answer: &Answer, status: StatusCode, code: &str) {
@@ -103,4 +103,42 @@ async fn responses_carrying_a_token_or_a_secret_are_never_stored(
     assert_eq!(read.status, StatusCode::OK);
     assert_eq!(read.headers["cache-control"], "no-store");
     replica.stop().await;
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn secrets_rekey_seals_what_an_earlier_build_stored_in_plain_text(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let pool = pool_options.connect_with(connect.clone()).await.unwrap();
+    let domain = uuid::Uuid::new_v4();
+    for index in 0..3 {
+        sqlx::query("INSERT INTO plexsphere.secrets (domain_id, name, value) VALUES ($1, $2, 'plain')")
+            .bind(domain)
+            .bind(format!("secret-{index}"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    let keys = app::config::SecretsKeys { secrets_key: Some(SECRETS_KEY.to_owned()), secrets_old_keys: None };
+    let mut printed = Vec::new();
+    app::cli::rekey_secrets(connect.clone(), keys.keyring().unwrap(), 2, &mut printed).await.unwrap();
+    let printed = String::from_utf8(printed).unwrap();
+    assert!(printed.contains("batch 2: 0 re-sealed from old keys, 1 sealed from plain text"), "{printed}");
+    assert!(printed.contains("0 re-sealed, 3 sealed from plain text"), "{printed}");
+    let plain: i64 = sqlx::query_scalar("SELECT count(*) FROM plexsphere.secrets WHERE value IS NOT NULL")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(plain, 0);
+
+    // A value under a key neither knob names stops the rekey, naming the knobs.
+    let other = app::config::SecretsKeys {
+        secrets_key: Some("ERERERERERERERERERERERERERERERERERERERERERE=".to_owned()),
+        secrets_old_keys: None,
+    };
+    let error =
+        app::cli::rekey_secrets(connect, other.keyring().unwrap(), 2, &mut Vec::new()).await.unwrap_err();
+    let error = format!("{error:#}");
+    assert!(error.contains("PLEXSPHERE_SECRETS_OLD_KEYS") && error.contains("secret-0"), "{error}");
 }

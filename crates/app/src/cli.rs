@@ -2,6 +2,7 @@
 
 use std::io::Write;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -15,6 +16,14 @@ use crate::startup::{Application, Wiring};
 /// # Errors
 /// When the database cannot be migrated or the listener cannot be bound.
 pub async fn serve(config: Config, migrate_first: bool) -> anyhow::Result<()> {
+    let development_key = secrets::SecretsKey::from_base64(config::DEVELOPMENT_SECRETS_KEY)
+        .expect("the development key is a key");
+    if config.keyring.current_key_id() == development_key.id() {
+        tracing::warn!(
+            "{} is the README's development key: anyone can open these secrets; never use it in production",
+            config::SECRETS_KEY
+        );
+    }
     if migrate_first {
         let pool = connect(config.database.clone()).await?;
         migrate_pool(&pool).await?;
@@ -66,6 +75,73 @@ pub async fn show_budgets(
         )?;
     }
     Ok(())
+}
+
+/// `plexsphere secrets rekey`: re-seals under the current key, `batch_size` at a time, every
+/// secret sealed under an old key or written in plain text before sealing, printing each
+/// batch. It can run beside serving replicas (a value a replica writes meanwhile is left as
+/// that write sealed it), and a rekey that stopped resumes from the start harmlessly.
+///
+/// # Errors
+/// When the database does not answer, or a value does not open: its key is in neither knob.
+pub async fn rekey_secrets(
+    database: PgConnectOptions,
+    keyring: secrets::Keyring,
+    batch_size: usize,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(batch_size > 0, "the batch size must be at least 1");
+    let pool = connect(database).await?;
+    let current = keyring.current_key_id().clone();
+    let service = secrets::SecretsService::new(
+        Arc::new(secrets::PgSecretRepository::new(pool)),
+        Arc::new(NoReads),
+        Arc::new(keyring),
+    );
+    let (mut resealed, mut from_plaintext, mut replaced) = (0, 0, 0);
+    let mut after = None;
+    for batch_number in 1.. {
+        let batch = service.rekey_batch(after.as_ref(), batch_size).await.map_err(|error| {
+            let hint = match error {
+                secrets::RekeyError::Unreadable { .. } => format!(
+                    "; list the key that sealed it in {} (or {} if it is the current one)",
+                    config::SECRETS_OLD_KEYS,
+                    config::SECRETS_KEY
+                ),
+                secrets::RekeyError::Unavailable(_) => String::new(),
+            };
+            anyhow::Error::new(error).context(format!("re-sealing stopped in batch {batch_number}{hint}"))
+        })?;
+        writeln!(
+            out,
+            "batch {batch_number}: {} re-sealed from old keys, {} sealed from plain text, {} written meanwhile",
+            batch.resealed, batch.sealed_from_plaintext, batch.replaced_meanwhile
+        )?;
+        resealed += batch.resealed;
+        from_plaintext += batch.sealed_from_plaintext;
+        replaced += batch.replaced_meanwhile;
+        after = batch.next;
+        if after.is_none() {
+            break;
+        }
+    }
+    writeln!(
+        out,
+        "every secret is sealed under key {current}: {resealed} re-sealed, {from_plaintext} sealed from plain text, \
+         {replaced} written meanwhile; the old keys can be retired"
+    )?;
+    Ok(())
+}
+
+/// The read limiter of a service that only re-seals: it is never asked, and would refuse to
+/// answer rather than admit a read nobody budgeted.
+struct NoReads;
+
+#[async_trait::async_trait]
+impl secrets::Limiter for NoReads {
+    async fn spend_read(&self, _: secrets::Reader) -> Result<(), secrets::ReadLimitError> {
+        Err(secrets::ReadLimitError::Unavailable("the command line reads no secrets".into()))
+    }
 }
 
 /// The one knob the commands other than `serve` need.

@@ -19,6 +19,13 @@ pub const DATABASE_URL: &str = "DATABASE_URL";
 pub const LISTEN: &str = "PLEXSPHERE_LISTEN";
 /// `PLEXSPHERE_OPERATOR_TOKEN`: the bearer token of the operator routes.
 pub const OPERATOR_TOKEN: &str = "PLEXSPHERE_OPERATOR_TOKEN";
+/// `PLEXSPHERE_SECRETS_KEY`: the key secret values are sealed with.
+pub const SECRETS_KEY: &str = "PLEXSPHERE_SECRETS_KEY";
+/// `PLEXSPHERE_SECRETS_OLD_KEYS`: keys that sealed values before a rotation.
+pub const SECRETS_OLD_KEYS: &str = "PLEXSPHERE_SECRETS_OLD_KEYS";
+/// The README quick start's `PLEXSPHERE_SECRETS_KEY`, base64 of
+/// `development-key-never-production`: `serve` warns when it seals with it.
+pub const DEVELOPMENT_SECRETS_KEY: &str = "ZGV2ZWxvcG1lbnQta2V5LW5ldmVyLXByb2R1Y3Rpb24=";
 /// `PLEXSPHERE_SWEEP_INTERVAL_SECS`: how often the leader runs `rate-budget-sweep`.
 pub const SWEEP_INTERVAL_SECS: &str = "PLEXSPHERE_SWEEP_INTERVAL_SECS";
 /// `PLEXSPHERE_DATABASE_TIMEOUT_MS`: the longest a request waits for the database.
@@ -64,6 +71,9 @@ pub struct Knobs {
     /// Bearer token of the operator routes: at least 16 characters (`openssl rand -hex 32`).
     #[arg(long, env = OPERATOR_TOKEN, hide_env_values = true)]
     pub operator_token: String,
+    /// The keys secret values are sealed and opened with.
+    #[command(flatten)]
+    pub secrets_keys: SecretsKeys,
     /// The address the HTTP API listens on.
     #[arg(long, env = LISTEN, default_value = "127.0.0.1:8080")]
     pub listen: String,
@@ -156,6 +166,52 @@ impl Knobs {
     }
 }
 
+/// The keys of the secret store, which `serve` and `secrets rekey` share.
+#[derive(Args, Clone)]
+pub struct SecretsKeys {
+    /// The key every secret value is sealed with (AES-256-GCM): 32 bytes in base64, as
+    /// `openssl rand -base64 32` prints them. Required.
+    #[arg(long, env = SECRETS_KEY, hide_env_values = true)]
+    pub secrets_key: Option<String>,
+    /// Keys that sealed values before a rotation, comma-separated base64: they only open what
+    /// they sealed, until `plexsphere secrets rekey` has re-sealed it under the current key.
+    #[arg(long, env = SECRETS_OLD_KEYS, hide_env_values = true)]
+    pub secrets_old_keys: Option<String>,
+}
+
+impl SecretsKeys {
+    /// The keyring the knobs name.
+    ///
+    /// # Errors
+    /// When the key is missing or either knob holds something that is not a key; the message
+    /// names the knob and never repeats its value.
+    pub fn keyring(&self) -> Result<secrets::Keyring, ConfigError> {
+        let current = match self.secrets_key.as_deref().map(str::trim) {
+            None | Some("") => {
+                return Err(ConfigError::new(
+                    SECRETS_KEY,
+                    "is required: the key secret values are sealed with; generate one with \
+                     `openssl rand -base64 32`",
+                ))
+            }
+            Some(text) => secrets::SecretsKey::from_base64(text)
+                .map_err(|invalid| ConfigError::new(SECRETS_KEY, invalid.to_string()))?,
+        };
+        let mut old = Vec::new();
+        let listed = self.secrets_old_keys.as_deref().unwrap_or_default();
+        for (position, text) in listed.split(',').map(str::trim).enumerate() {
+            if text.is_empty() {
+                continue;
+            }
+            let key = secrets::SecretsKey::from_base64(text).map_err(|invalid| {
+                ConfigError::new(SECRETS_OLD_KEYS, format!("key {} of the list {invalid}", position + 1))
+            })?;
+            old.push(key);
+        }
+        Ok(secrets::Keyring::new(current, old))
+    }
+}
+
 /// The default budget of each scope, validated.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Limits {
@@ -182,6 +238,8 @@ pub struct Config {
     pub listen: SocketAddr,
     /// The operator routes' bearer token.
     pub operator_token: String,
+    /// The keys secret values are sealed and opened with; `Debug` shows their ids only.
+    pub keyring: secrets::Keyring,
     /// The default budgets.
     pub limits: Limits,
     /// How often the leader sweeps idle buckets.
@@ -202,6 +260,7 @@ impl std::fmt::Debug for Config {
             .field("database_name", &self.database.get_database())
             .field("listen", &self.listen)
             .field("operator_token", &"<redacted>")
+            .field("keyring", &self.keyring)
             .field("limits", &self.limits)
             .field("sweep_interval", &self.sweep_interval)
             .field("database_timeout", &self.database_timeout)
@@ -247,6 +306,8 @@ impl Config {
                 "must be at least 16 characters; generate one with `openssl rand -hex 32`",
             ));
         }
+
+        let keyring = knobs.secrets_keys.keyring()?;
 
         let listen = knobs
             .listen
@@ -303,6 +364,7 @@ impl Config {
             database,
             listen,
             operator_token,
+            keyring,
             limits,
             sweep_interval: Duration::from_secs(knobs.sweep_interval_secs),
             database_timeout: Duration::from_millis(knobs.database_timeout_ms),

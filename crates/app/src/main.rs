@@ -24,6 +24,11 @@ enum Command {
         #[command(flatten)]
         database: app::cli::Database,
     },
+    /// Manage the secret store.
+    Secrets {
+        #[command(subcommand)]
+        command: SecretsCommand,
+    },
     /// Read rate budgets.
     Budgets {
         #[command(subcommand)]
@@ -42,6 +47,21 @@ enum BudgetsCommand {
     },
 }
 
+#[derive(Subcommand)]
+enum SecretsCommand {
+    /// Re-seal under PLEXSPHERE_SECRETS_KEY every secret sealed under an old key or stored in
+    /// plain text, in batches; run it after a rotation or an upgrade.
+    Rekey {
+        /// Secrets re-sealed per batch (one round trip to list, one per secret to replace).
+        #[arg(long, default_value_t = 500)]
+        batch_size: usize,
+        #[command(flatten)]
+        database: app::cli::Database,
+        #[command(flatten)]
+        keys: app::config::SecretsKeys,
+    },
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     app::telemetry::init();
@@ -54,6 +74,16 @@ async fn main() -> anyhow::Result<()> {
             }
         },
         Command::Migrate { database } => app::cli::migrate(database.options()?).await,
+        Command::Secrets { command: SecretsCommand::Rekey { batch_size, database, keys } } => {
+            let keyring = match keys.keyring() {
+                Ok(keyring) => keyring,
+                Err(error) => {
+                    eprintln!("plexsphere: refusing to start: {error}");
+                    std::process::exit(2);
+                }
+            };
+            app::cli::rekey_secrets(database.options()?, keyring, batch_size, &mut std::io::stdout()).await
+        }
         Command::Budgets { command: BudgetsCommand::Show { key, database } } => {
             app::cli::show_budgets(database.options()?, key, &mut std::io::stdout()).await
         }

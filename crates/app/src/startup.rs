@@ -268,6 +268,7 @@ fn bind_secrets(
     secrets::SecretsService::new(
         Arc::new(secrets::PgSecretRepository::new(pool.clone())),
         Arc::new(MeteredReadLimiter { inner: Arc::new(limiter), metrics: metrics.clone() }),
+        Arc::new(config.keyring.clone()),
     )
 }
 

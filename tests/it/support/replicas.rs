@@ -16,6 +16,9 @@ use tokio_util::sync::CancellationToken;
 
 pub(crate) const OPERATOR_TOKEN: &str = "operator-token-for-tests-0123456789";
 
+/// The tests' secrets key: base64 of 32 bytes of 0x42.
+pub(crate) const SECRETS_KEY: &str = "QkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkI=";
+
 /// Leader timing for tests: elections in a tenth of a second instead of seconds.
 pub(crate) const FAST_LEADER: LeaderTiming = LeaderTiming {
     retry: Duration::from_millis(100),
@@ -29,6 +32,7 @@ pub(crate) fn config(database: &PgConnectOptions, knobs: &[(&str, &str)]) -> Con
         // Parsed and then replaced by the test's own database below.
         (config::DATABASE_URL, "postgres://postgres@127.0.0.1:5432/postgres"),
         (config::OPERATOR_TOKEN, OPERATOR_TOKEN),
+        (config::SECRETS_KEY, SECRETS_KEY),
         (config::LISTEN, "127.0.0.1:0"),
         (config::DATABASE_TIMEOUT_MS, "1000"),
     ];

@@ -1,7 +1,15 @@
 use super::*;
 
-const REQUIRED: [(&str, &str); 2] =
-    [(DATABASE_URL, "postgres://postgres@127.0.0.1:5432/postgres"), (OPERATOR_TOKEN, "0123456789abcdef0123")];
+/// Base64 of 32 bytes of 0x11.
+const KEY: &str = "ERERERERERERERERERERERERERERERERERERERERERE=";
+/// Base64 of 32 bytes of 0x22.
+const OLD_KEY: &str = "IiIiIiIiIiIiIiIiIiIiIiIiIiIiIiIiIiIiIiIiIiI=";
+
+const REQUIRED: [(&str, &str); 3] = [
+    (DATABASE_URL, "postgres://postgres@127.0.0.1:5432/postgres"),
+    (OPERATOR_TOKEN, "0123456789abcdef0123"),
+    (SECRETS_KEY, KEY),
+];
 
 fn parse(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
     let knobs = Knobs::from_pairs(REQUIRED.iter().chain(pairs).copied()).expect("knobs parse");
@@ -93,4 +101,42 @@ fn debug_does_not_show_the_operator_token_or_the_database_password() {
     assert!(!shown.contains("0123456789abcdef0123"), "{shown}");
     assert!(!shown.contains("pa55word"), "{shown}");
     assert!(shown.contains("db.internal"), "{shown}");
+}
+
+#[test]
+fn the_secrets_key_is_required_and_must_be_32_bytes_of_base64() {
+    let missing =
+        Knobs::from_pairs(REQUIRED.iter().copied().filter(|(knob, _)| *knob != SECRETS_KEY)).unwrap();
+    let error = Config::from_knobs(&missing).unwrap_err();
+    assert_eq!(error.knob, SECRETS_KEY);
+    assert!(error.to_string().contains("openssl rand -base64 32"), "{error}");
+    for bad in ["", "not base64!", "c2hvcnQ=", "ERERERERERERERERERERERERERERERERERERERERERE"] {
+        rejects(&[(SECRETS_KEY, bad)], SECRETS_KEY);
+    }
+    rejects(&[(SECRETS_OLD_KEYS, &format!("{OLD_KEY},short"))], SECRETS_OLD_KEYS);
+}
+
+#[test]
+fn old_keys_are_a_comma_separated_list_and_open_what_they_sealed() {
+    let config = parse(&[(SECRETS_OLD_KEYS, &format!(" {OLD_KEY} ,,{KEY}"))]).unwrap();
+    let current = secrets::SecretsKey::from_base64(KEY).unwrap();
+    let old = secrets::SecretsKey::from_base64(OLD_KEY).unwrap();
+    assert_eq!(config.keyring.current_key_id(), current.id());
+    let domain = secrets::DomainId::from(uuid::Uuid::new_v4());
+    let name = secrets::SecretName::parse("n").unwrap();
+    let value = secrets::SecretValue::new("v").unwrap();
+    let sealed = secrets::Keyring::new(old, []).seal(domain, &name, &value);
+    assert_eq!(config.keyring.open(domain, &name, &secrets::StoredValue::Sealed(sealed)), Ok(value));
+}
+
+#[test]
+fn a_key_knob_error_never_repeats_the_key() {
+    let almost = &KEY[..40];
+    for (knob, value) in [(SECRETS_KEY, almost.to_owned()), (SECRETS_OLD_KEYS, format!("{OLD_KEY},{almost}"))]
+    {
+        let error = parse(&[(knob, &value)]).unwrap_err().to_string();
+        assert!(!error.contains(almost) && !error.contains(OLD_KEY), "{error}");
+    }
+    let shown = format!("{:?}", parse(&[(SECRETS_OLD_KEYS, OLD_KEY)]).unwrap());
+    assert!(!shown.contains(KEY) && !shown.contains(OLD_KEY), "{shown}");
 }

@@ -197,6 +197,8 @@ impl From<secrets::ReadError> for ApiError {
                 retry_after,
             },
             unavailable @ secrets::ReadError::Unavailable(_) => ApiError::internal(unavailable),
+            // The cause names the key id, never a key or a value.
+            unreadable @ secrets::ReadError::Unreadable(_) => ApiError::internal(unreadable),
         }
     }
 }
