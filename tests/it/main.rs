@@ -8,6 +8,7 @@ mod access_adapters;
 mod app_api;
 mod app_outage;
 mod app_replicas;
+mod app_revocation;
 mod app_security;
 mod architecture;
 mod ingest_adapters;

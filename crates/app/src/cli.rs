@@ -5,6 +5,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use audit::AuditLog as _;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
@@ -94,7 +95,7 @@ pub async fn rekey_secrets(
     let pool = connect(database).await?;
     let current = keyring.current_key_id().clone();
     let service = secrets::SecretsService::new(
-        Arc::new(secrets::PgSecretRepository::new(pool)),
+        Arc::new(secrets::PgSecretRepository::new(pool.clone())),
         Arc::new(NoReads),
         Arc::new(keyring),
     );
@@ -125,6 +126,15 @@ pub async fn rekey_secrets(
             break;
         }
     }
+    let entry = audit::NewEntry {
+        actor: audit::Actor::command_line(),
+        action: audit::Action::RekeySecrets,
+        subject: audit::Subject::default(),
+    };
+    audit::PgAuditLog::new(pool)
+        .record(&entry)
+        .await
+        .context("failed to record the rekey in the audit log")?;
     writeln!(
         out,
         "every secret is sealed under key {current}: {resealed} re-sealed, {from_plaintext} sealed from plain text, \

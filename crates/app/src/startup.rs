@@ -13,11 +13,11 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::http::{self, AppState, CredentialCache, OperatorToken};
+use crate::http::{self, AppState, CredentialCache, OperatorTokens};
 use crate::leader::{self, LeaderTiming, Leadership};
 use crate::limits::{MeteredIssuanceLimiter, MeteredQuotaLimiter, MeteredReadLimiter};
 use crate::metrics::Metrics;
-use crate::sweep;
+use crate::{revocations, sweep};
 
 /// How many Node credentials a replica keeps authenticated at once.
 const CREDENTIAL_CACHE_CAPACITY: usize = 100_000;
@@ -47,6 +47,7 @@ pub struct Application {
     server: JoinHandle<std::io::Result<()>>,
     elector: JoinHandle<()>,
     sweeper: JoinHandle<()>,
+    revocations: JoinHandle<()>,
     limiter_store: Store,
 }
 
@@ -75,13 +76,15 @@ impl Application {
                     // The sweep bounds each batch itself; this stops the server's side too.
                     .options([("statement_timeout", "10000")]),
             );
+        let credentials = CredentialCache::new(CREDENTIAL_CACHE_CAPACITY);
         let state = AppState {
             access: bind_access(&config, &api_pool, &decider, &wiring, &metrics),
             secrets: bind_secrets(&config, &api_pool, &decider, &wiring, &metrics),
             ingest: bind_ingest(&config, &api_pool, &decider, &wiring, &metrics),
             budgets: store.clone(),
-            operator_token: OperatorToken::new(&config.operator_token),
-            credentials: CredentialCache::new(CREDENTIAL_CACHE_CAPACITY),
+            operator_tokens: OperatorTokens::new(&config.operators),
+            audit: Arc::new(audit::PgAuditLog::new(api_pool.clone())),
+            credentials: credentials.clone(),
             readiness: api_pool,
             database_timeout: config.database_timeout,
             ingest_max_batch_bytes: config.ingest_max_batch_bytes,
@@ -110,6 +113,8 @@ impl Application {
             config.sweep_interval,
             shutdown.clone(),
         ));
+        let revocations =
+            tokio::spawn(revocations::run(config.database.clone(), credentials, shutdown.clone()));
         tracing::info!(%local_addr, "serving");
         Ok(Application {
             local_addr,
@@ -119,6 +124,7 @@ impl Application {
             server,
             elector,
             sweeper,
+            revocations,
             limiter_store: store,
         })
     }
@@ -149,8 +155,17 @@ impl Application {
     /// # Errors
     /// When the HTTP server failed.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        let Application { shutdown, mut server, mut elector, mut sweeper, limiter_store, .. } = self;
-        let (mut server_result, mut elector_done, mut sweeper_done) = (None, false, false);
+        let Application {
+            shutdown,
+            mut server,
+            mut elector,
+            mut sweeper,
+            mut revocations,
+            limiter_store,
+            ..
+        } = self;
+        let (mut server_result, mut elector_done, mut sweeper_done, mut revocations_done) =
+            (None, false, false, false);
         tokio::select! {
             // Shutdown first: once it is cancelled every task ends, and that is not news.
             biased;
@@ -167,6 +182,10 @@ impl Application {
                 tracing::error!(loop_name = sweep::LOOP_NAME, "the loop stopped on its own");
                 sweeper_done = true;
             }
+            _ = &mut revocations => {
+                tracing::error!("the revocation listener stopped on its own");
+                revocations_done = true;
+            }
         }
         shutdown.cancel();
         let server_result = match server_result {
@@ -181,6 +200,9 @@ impl Application {
         }
         if !elector_done {
             let _ = elector.await;
+        }
+        if !revocations_done {
+            let _ = revocations.await;
         }
         // No request is in flight any more: say goodbye to the server on the take connections.
         limiter_store.close().await;

@@ -73,8 +73,8 @@ fn values_that_do_not_parse_are_named_by_the_parser() {
         .unwrap()
         .to_string();
     assert!(error.contains("secret-read-domain-burst") && error.contains("lots"), "{error}");
-    let missing = Knobs::from_pairs([(DATABASE_URL, "postgres://x/y")]).err().unwrap().to_string();
-    assert!(missing.contains("operator-token"), "{missing}");
+    let missing = Knobs::from_pairs([(SECRETS_KEY, KEY)]).err().unwrap().to_string();
+    assert!(missing.contains("database-url"), "{missing}");
 }
 
 #[test]
@@ -139,4 +139,65 @@ fn a_key_knob_error_never_repeats_the_key() {
     }
     let shown = format!("{:?}", parse(&[(SECRETS_OLD_KEYS, OLD_KEY)]).unwrap());
     assert!(!shown.contains(KEY) && !shown.contains(OLD_KEY), "{shown}");
+}
+
+#[track_caller]
+fn operators(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    let knobs = Knobs::from_pairs(
+        [(DATABASE_URL, "postgres://postgres@127.0.0.1:5432/postgres"), (SECRETS_KEY, KEY)]
+            .iter()
+            .chain(pairs)
+            .copied(),
+    )
+    .unwrap();
+    let config = Config::from_knobs(&knobs).unwrap();
+    config.operators.into_iter().map(|operator| (operator.name.as_str().to_owned(), operator.token)).collect()
+}
+
+#[test]
+fn operator_tokens_are_named_and_the_single_token_is_the_operator() {
+    let alice = "alice-token-0123456789";
+    let bob = "bob-token-0123456789:with-a-colon";
+    assert_eq!(
+        operators(&[(OPERATOR_TOKENS, &format!(" alice:{alice} , bob:{bob},"))]),
+        [("alice".to_owned(), alice.to_owned()), ("bob".to_owned(), bob.to_owned())]
+    );
+    assert_eq!(operators(&[(OPERATOR_TOKEN, alice)]), [("operator".to_owned(), alice.to_owned())]);
+    assert_eq!(
+        operators(&[(OPERATOR_TOKEN, alice), (OPERATOR_TOKENS, &format!("bob:{bob}"))]),
+        [("operator".to_owned(), alice.to_owned()), ("bob".to_owned(), bob.to_owned())]
+    );
+}
+
+#[test]
+fn unusable_operator_tokens_are_refused_naming_the_knob_never_the_token() {
+    let base = |pairs: &[(&'static str, &'static str)]| -> ConfigError {
+        let knobs = Knobs::from_pairs(
+            [(DATABASE_URL, "postgres://postgres@127.0.0.1:5432/postgres"), (SECRETS_KEY, KEY)]
+                .iter()
+                .chain(pairs)
+                .copied(),
+        )
+        .unwrap();
+        Config::from_knobs(&knobs).unwrap_err()
+    };
+    assert_eq!(base(&[]).knob, OPERATOR_TOKENS);
+    for (pairs, knob) in [
+        (&[(OPERATOR_TOKEN, "short")][..], OPERATOR_TOKEN),
+        (&[(OPERATOR_TOKENS, "alice:short")], OPERATOR_TOKENS),
+        (&[(OPERATOR_TOKENS, "no-colon-token-0123456789")], OPERATOR_TOKENS),
+        (&[(OPERATOR_TOKENS, "al ice:0123456789abcdef")], OPERATOR_TOKENS),
+        (&[(OPERATOR_TOKENS, ":0123456789abcdef")], OPERATOR_TOKENS),
+        (&[(OPERATOR_TOKENS, "a:0123456789abcdef,a:fedcba9876543210")], OPERATOR_TOKENS),
+        (&[(OPERATOR_TOKENS, "a:0123456789abcdef,b:0123456789abcdef")], OPERATOR_TOKENS),
+        (
+            &[(OPERATOR_TOKEN, "0123456789abcdef"), (OPERATOR_TOKENS, "operator:fedcba9876543210")],
+            OPERATOR_TOKENS,
+        ),
+    ] {
+        let error = base(pairs);
+        assert_eq!(error.knob, knob, "{pairs:?}: {error}");
+        let shown = error.to_string();
+        assert!(!shown.contains("0123456789abcdef") && !shown.contains("short"), "{shown}");
+    }
 }

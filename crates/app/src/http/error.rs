@@ -270,6 +270,30 @@ impl From<access::AuthError> for ApiError {
     }
 }
 
+impl From<access::RevokeError> for ApiError {
+    fn from(error: access::RevokeError) -> Self {
+        match error {
+            access::RevokeError::UnknownNode { domain, node } => ApiError::NotFound {
+                code: "unknown_node",
+                message: format!("no node {node} in domain {domain}"),
+            },
+            unavailable @ access::RevokeError::Unavailable(_) => ApiError::internal(unavailable),
+        }
+    }
+}
+
+impl From<audit::AuditLogError> for ApiError {
+    fn from(error: audit::AuditLogError) -> Self {
+        ApiError::internal(error)
+    }
+}
+
+impl From<audit::InvalidInput> for ApiError {
+    fn from(error: audit::InvalidInput) -> Self {
+        ApiError::bad_request(error)
+    }
+}
+
 impl From<access::InvalidInput> for ApiError {
     fn from(error: access::InvalidInput) -> Self {
         ApiError::bad_request(error)

@@ -11,6 +11,7 @@ mod probes;
 
 use std::cell::Cell;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::{DefaultBodyLimit, FromRequestParts, MatchedPath, Path, Request, State};
@@ -18,14 +19,14 @@ use axum::http::request::Parts;
 use axum::http::HeaderName;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use axum::Router;
 use sqlx::PgPool;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
-pub use auth::{CredentialCache, OperatorToken};
+pub use auth::{CredentialCache, OperatorTokens};
 pub use error::{cause_chain, error_response, panic_response, retry_after_seconds, ApiError};
 
 use crate::metrics::Metrics;
@@ -48,8 +49,10 @@ pub struct AppState {
     pub ingest: ingest::IngestService,
     /// The rate budgets, for operators reading one key's buckets.
     pub budgets: ratebudget::Store,
-    /// The operator routes' token.
-    pub operator_token: OperatorToken,
+    /// The operator routes' tokens, by operator.
+    pub operator_tokens: OperatorTokens,
+    /// Where every operator action is recorded.
+    pub audit: Arc<dyn audit::AuditLog>,
     /// Recently authenticated Node tokens.
     pub credentials: CredentialCache,
     /// The pool `/readyz` asks.
@@ -100,7 +103,7 @@ const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The span every request runs in. Every log line of a request carries its fields: the route
 /// (the pattern, not the path, so ids and secret names stay out of it), the request id, and
-/// the Node and Domain once the caller is authenticated.
+/// the operator's name or the Node and Domain once the caller is authenticated.
 fn request_span(request: &Request) -> tracing::Span {
     let route = request.extensions().get::<MatchedPath>().map_or("<no route>", MatchedPath::as_str);
     let request_id = request.headers().get(&REQUEST_ID).and_then(|id| id.to_str().ok()).unwrap_or_default();
@@ -109,6 +112,7 @@ fn request_span(request: &Request) -> tracing::Span {
         method = %request.method(),
         route,
         request_id,
+        operator = tracing::field::Empty,
         node_id = tracing::field::Empty,
         domain_id = tracing::field::Empty,
     )
@@ -120,8 +124,10 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/domains", post(operator::create_domain))
         .route("/v1/domains/{domain_id}/nodes", post(operator::enrol_node))
+        .route("/v1/domains/{domain_id}/nodes/{node_id}", delete(operator::revoke_node))
         .route("/v1/domains/{domain_id}/secrets/{name}", put(operator::put_secret))
         .route("/v1/budgets/{key}", get(operator::show_budgets))
+        .route("/v1/audit", get(operator::read_audit))
         .layer(DefaultBodyLimit::max(OPERATOR_BODY_LIMIT))
         .route("/v1/secrets/{name}", get(node::read_secret))
         .route("/v1/ingest", post(node::ingest).layer(DefaultBodyLimit::max(max_batch)))

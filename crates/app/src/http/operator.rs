@@ -1,9 +1,11 @@
-//! Operator routes: Domains, Node enrolment, secret writes and reading a budget.
+//! Operator routes: Domains, Node enrolment and revocation, secret writes, reading a budget
+//! and the audit log. Every action that changes something is recorded in the audit log, in
+//! the acting operator's name, once it succeeded.
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
-use axum::http::StatusCode;
+use axum::extract::{Query, State};
+use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
@@ -55,14 +57,31 @@ impl CreateDomain {
     }
 }
 
+/// Records that `actor` did `action` to `subject`. Called once the action succeeded, so the log
+/// holds what happened, not what was attempted. The action and the entry are two writes: if
+/// the entry cannot be written, the request answers 500 (the cause in the log) though the
+/// action stands, and the operator, seeing the 500, checks and retries.
+async fn record(
+    state: &AppState,
+    actor: audit::Actor,
+    action: audit::Action,
+    subject: audit::Subject,
+) -> Result<(), ApiError> {
+    let entry = audit::NewEntry { actor, action, subject };
+    state.bounded("recording the action in the audit log", state.audit.record(&entry)).await??;
+    Ok(())
+}
+
 /// `POST /v1/domains`
 pub(super) async fn create_domain(
-    _: Operator,
+    Operator(actor): Operator,
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let new_domain = parse_json::<CreateDomain>(body, OPERATOR_BODY_LIMIT)?.try_into_domain()?;
     let domain = state.bounded("creating a domain", state.access.create_domain(new_domain)).await??;
+    let subject = audit::Subject { domain_id: Some(domain.id.as_uuid()), ..audit::Subject::default() };
+    record(&state, actor, audit::Action::CreateDomain, subject).await?;
     let body = DomainBody {
         id: domain.id.as_uuid(),
         name: domain.name.as_str().to_owned(),
@@ -89,7 +108,7 @@ struct EnrolmentBody {
 
 /// `POST /v1/domains/{domain_id}/nodes`
 pub(super) async fn enrol_node(
-    _: Operator,
+    Operator(actor): Operator,
     State(state): State<AppState>,
     PathParams(domain_id): PathParams<String>,
     body: Result<Bytes, BytesRejection>,
@@ -99,6 +118,12 @@ pub(super) async fn enrol_node(
     let name = access::NodeName::parse(request.name)?;
     let enrolment =
         state.bounded("enrolling a node", state.access.enrol_node(domain_id.into(), name)).await??;
+    let subject = audit::Subject {
+        domain_id: Some(domain_id),
+        node_id: Some(enrolment.node.id.as_uuid()),
+        secret_name: None,
+    };
+    record(&state, actor, audit::Action::EnrolNode, subject).await?;
     let body = EnrolmentBody {
         id: enrolment.node.id.as_uuid(),
         domain_id: enrolment.node.domain_id.as_uuid(),
@@ -114,9 +139,25 @@ pub(super) struct PutSecret {
     value: String,
 }
 
+/// `DELETE /v1/domains/{domain_id}/nodes/{node_id}`: the Node's token stops authenticating,
+/// here at once and on every other replica as soon as the database's announcement reaches it.
+pub(super) async fn revoke_node(
+    Operator(actor): Operator,
+    State(state): State<AppState>,
+    PathParams((domain_id, node_id)): PathParams<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let domain_id = parse_uuid(&domain_id, "domain_id")?;
+    let node_id = parse_uuid(&node_id, "node_id")?;
+    state.bounded("revoking a node", state.access.revoke_node(domain_id.into(), node_id.into())).await??;
+    state.credentials.revoke(node_id.into());
+    let subject = audit::Subject { domain_id: Some(domain_id), node_id: Some(node_id), secret_name: None };
+    record(&state, actor, audit::Action::RevokeNode, subject).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 /// `PUT /v1/domains/{domain_id}/secrets/{name}`
 pub(super) async fn put_secret(
-    _: Operator,
+    Operator(actor): Operator,
     State(state): State<AppState>,
     PathParams((domain_id, name)): PathParams<(String, String)>,
     body: Result<Bytes, BytesRejection>,
@@ -131,7 +172,13 @@ pub(super) async fn put_secret(
     if domain.is_none() {
         return Err(unknown_domain(domain_id));
     }
+    let subject = audit::Subject {
+        domain_id: Some(domain_id),
+        node_id: None,
+        secret_name: Some(name.as_str().to_owned()),
+    };
     state.bounded("writing a secret", state.secrets.write(domain_id.into(), name, value)).await??;
+    record(&state, actor, audit::Action::PutSecret, subject).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -156,6 +203,55 @@ pub(super) async fn show_budgets(
             scope: bucket.scope.as_str(),
             tokens: bucket.tokens,
             refilled_at: bucket.refilled_at,
+        })
+        .collect();
+    Ok(Json(body))
+}
+
+/// The query of `GET /v1/audit`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AuditQuery {
+    /// Entries older than this id only.
+    before: Option<i64>,
+    /// The most entries returned: 1 to 1000, 100 unless given.
+    limit: Option<usize>,
+}
+
+#[derive(Serialize)]
+pub(super) struct AuditEntryBody {
+    id: i64,
+    actor: String,
+    action: &'static str,
+    at: chrono::DateTime<chrono::Utc>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    domain_id: Option<uuid::Uuid>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    node_id: Option<uuid::Uuid>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    secret_name: Option<String>,
+}
+
+/// `GET /v1/audit?before=<id>&limit=<n>`: the audit log, newest first.
+pub(super) async fn read_audit(
+    _: Operator,
+    State(state): State<AppState>,
+    uri: Uri,
+) -> Result<Json<Vec<AuditEntryBody>>, ApiError> {
+    let Query(query) = Query::<AuditQuery>::try_from_uri(&uri)
+        .map_err(|rejection| ApiError::bad_request(format!("unreadable query: {}", rejection.body_text())))?;
+    let page = audit::Page::new(query.before, query.limit.unwrap_or(100))?;
+    let entries = state.bounded("reading the audit log", state.audit.read(page)).await??;
+    let body = entries
+        .into_iter()
+        .map(|entry| AuditEntryBody {
+            id: entry.id,
+            actor: entry.actor.as_str().to_owned(),
+            action: entry.action.as_str(),
+            at: entry.at,
+            domain_id: entry.subject.domain_id,
+            node_id: entry.subject.node_id,
+            secret_name: entry.subject.secret_name,
         })
         .collect();
     Ok(Json(body))
