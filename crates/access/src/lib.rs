@@ -30,8 +30,8 @@ pub use error::{
     AuthError, BoxError, CreateDomainError, EnrolError, IssuanceLimitError, RepositoryError, RevokeError,
 };
 pub use model::{
-    AuthenticatedNode, Domain, DomainId, DomainName, Enrolment, InvalidInput, IssuancePolicy, NewDomain,
-    Node, NodeId, NodeName, NodeToken, TokenHash,
+    is_invisible, AuthenticatedNode, Domain, DomainId, DomainName, Enrolment, InvalidInput, IssuancePolicy,
+    NewDomain, Node, NodeId, NodeName, NodeToken, TokenHash, INVISIBLE,
 };
 pub use persistence::{PgAccessRepository, RateBudgetIssuanceLimiter, NODE_REVOKED_CHANNEL};
 pub use ports::{AccessRepository, Limiter};
