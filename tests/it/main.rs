@@ -6,6 +6,7 @@
 
 mod access_adapters;
 mod app_api;
+mod app_hostile_input;
 mod app_outage;
 mod app_replicas;
 mod app_revocation;
