@@ -74,7 +74,8 @@ impl ApiError {
         ApiError::Internal(Box::new(error))
     }
 
-    fn status(&self) -> StatusCode {
+    /// The status this error answers with.
+    pub fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,

@@ -4,6 +4,7 @@
 //! [`ApiError`]s. They hold no database handle of their own beyond the readiness probe's.
 
 mod auth;
+pub mod bodies;
 mod error;
 mod node;
 mod operator;
@@ -196,16 +197,7 @@ fn parse_uuid(segment: &str, what: &str) -> Result<uuid::Uuid, ApiError> {
         .map_err(|_| ApiError::bad_request(format!("{what} is not a uuid: {segment:?}")))
 }
 
-/// Parses a JSON body, answering 400 for anything malformed and 413 for a body over the limit.
-fn parse_json<T: serde::de::DeserializeOwned>(
-    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
-    limit: usize,
-) -> Result<T, ApiError> {
-    let body = read_body(body, limit)?;
-    serde_json::from_slice(&body)
-        .map_err(|error| ApiError::bad_request(format!("malformed JSON body: {error}")))
-}
-
+/// The body as received, or 413 for one over `limit` and 400 for one that could not be read.
 fn read_body(
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
     limit: usize,

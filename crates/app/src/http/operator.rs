@@ -4,23 +4,15 @@
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::auth::Operator;
 use super::error::unknown_domain;
-use super::{parse_json, parse_uuid, ApiError, AppState, PathParams, NO_STORE, OPERATOR_BODY_LIMIT};
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct CreateDomain {
-    name: String,
-    issuance_per_second: Option<f64>,
-    issuance_burst: Option<f64>,
-}
+use super::{bodies, parse_uuid, read_body, ApiError, AppState, PathParams, NO_STORE, OPERATOR_BODY_LIMIT};
 
 #[derive(Serialize)]
 struct DomainBody {
@@ -28,33 +20,6 @@ struct DomainBody {
     name: String,
     issuance_per_second: Option<f64>,
     issuance_burst: Option<f64>,
-}
-
-impl CreateDomain {
-    fn try_into_domain(self) -> Result<access::NewDomain, ApiError> {
-        let name = access::DomainName::parse(self.name)?;
-        let issuance_policy = match (self.issuance_per_second, self.issuance_burst) {
-            (None, None) => None,
-            (Some(per_second), Some(burst)) => {
-                // The policy sizes a rate budget, so the store's rules apply as well as the
-                // access context's (an hour to refill at most, arithmetic that stays finite);
-                // the table's CHECK holds the same comparisons, so a policy that passes here
-                // is stored.
-                ratebudget::Limit::new(per_second, burst).map_err(|invalid| {
-                    ApiError::bad_request(format!("invalid issuance_{}: {}", invalid.field, invalid.reason))
-                })?;
-                Some(access::IssuancePolicy::new(per_second, burst).map_err(|invalid| {
-                    ApiError::bad_request(format!("invalid issuance_{}: {}", invalid.field, invalid.reason))
-                })?)
-            }
-            _ => {
-                return Err(ApiError::bad_request(
-                    "issuance_per_second and issuance_burst go together: give both or neither",
-                ))
-            }
-        };
-        Ok(access::NewDomain { name, issuance_policy })
-    }
 }
 
 /// Records that `actor` did `action` to `subject`. Called once the action succeeded, so the log
@@ -78,7 +43,7 @@ pub(super) async fn create_domain(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let new_domain = parse_json::<CreateDomain>(body, OPERATOR_BODY_LIMIT)?.try_into_domain()?;
+    let new_domain = bodies::new_domain(&read_body(body, OPERATOR_BODY_LIMIT)?)?;
     let domain = state.bounded("creating a domain", state.access.create_domain(new_domain)).await??;
     let subject = audit::Subject { domain_id: Some(domain.id.as_uuid()), ..audit::Subject::default() };
     record(&state, actor, audit::Action::CreateDomain, subject).await?;
@@ -89,12 +54,6 @@ pub(super) async fn create_domain(
         issuance_burst: domain.issuance_policy.map(|policy| policy.burst()),
     };
     Ok((StatusCode::CREATED, Json(body)).into_response())
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct EnrolNode {
-    name: String,
 }
 
 #[derive(Serialize)]
@@ -114,8 +73,7 @@ pub(super) async fn enrol_node(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let domain_id = parse_uuid(&domain_id, "domain_id")?;
-    let request: EnrolNode = parse_json(body, OPERATOR_BODY_LIMIT)?;
-    let name = access::NodeName::parse(request.name)?;
+    let name = bodies::node_name(&read_body(body, OPERATOR_BODY_LIMIT)?)?;
     let enrolment =
         state.bounded("enrolling a node", state.access.enrol_node(domain_id.into(), name)).await??;
     let subject = audit::Subject {
@@ -131,12 +89,6 @@ pub(super) async fn enrol_node(
         token: enrolment.token.expose().to_owned(),
     };
     Ok((StatusCode::CREATED, NO_STORE, Json(body)).into_response())
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct PutSecret {
-    value: String,
 }
 
 /// `DELETE /v1/domains/{domain_id}/nodes/{node_id}`: the Node's token stops authenticating,
@@ -164,8 +116,7 @@ pub(super) async fn put_secret(
 ) -> Result<StatusCode, ApiError> {
     let domain_id = parse_uuid(&domain_id, "domain_id")?;
     let name = secrets::SecretName::parse(name)?;
-    let request: PutSecret = parse_json(body, OPERATOR_BODY_LIMIT)?;
-    let value = secrets::SecretValue::new(request.value)?;
+    let value = bodies::secret_value(&read_body(body, OPERATOR_BODY_LIMIT)?)?;
     // Domains belong to the access context; the secrets context trusts its caller to have
     // checked, so a secret never lands under a Domain that does not exist.
     let domain = state.bounded("looking up a domain", state.access.find_domain(domain_id.into())).await??;
@@ -208,16 +159,6 @@ pub(super) async fn show_budgets(
     Ok(Json(body))
 }
 
-/// The query of `GET /v1/audit`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct AuditQuery {
-    /// Entries older than this id only.
-    before: Option<i64>,
-    /// The most entries returned: 1 to 1000, 100 unless given.
-    limit: Option<usize>,
-}
-
 #[derive(Serialize)]
 pub(super) struct AuditEntryBody {
     id: i64,
@@ -238,9 +179,7 @@ pub(super) async fn read_audit(
     State(state): State<AppState>,
     uri: Uri,
 ) -> Result<Json<Vec<AuditEntryBody>>, ApiError> {
-    let Query(query) = Query::<AuditQuery>::try_from_uri(&uri)
-        .map_err(|rejection| ApiError::bad_request(format!("unreadable query: {}", rejection.body_text())))?;
-    let page = audit::Page::new(query.before, query.limit.unwrap_or(100))?;
+    let page = bodies::audit_page(uri.query())?;
     let entries = state.bounded("reading the audit log", state.audit.read(page)).await??;
     let body = entries
         .into_iter()
