@@ -7,6 +7,7 @@
 mod access_adapters;
 mod app_api;
 mod app_hostile_input;
+mod app_leaks;
 mod app_outage;
 mod app_replicas;
 mod app_revocation;
