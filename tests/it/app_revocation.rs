@@ -37,12 +37,14 @@ async fn a_revoked_token_stops_working_on_every_replica_within_a_second(
     let (node, token) = a.enrol(&domain, "n").await;
     let (_, other_token) = a.enrol(&domain, "m").await;
     a.put_secret(&domain, "key", "value").await;
-    // Each replica has authenticated the token, so each holds it in its cache, for 10 s.
+    // Each replica's listener is connected, so its cache is in use; each then authenticates the
+    // token and holds it for 10 s.
     for replica in [&a, &b] {
-        eventually(Duration::from_secs(5), "the listener is connected and the token cached", || async {
-            replica.get("/v1/secrets/key", Some(&token)).await.status == StatusCode::OK
+        eventually(Duration::from_secs(5), "the revocation listener is connected", || async {
+            replica.gauge("plexsphere_revocation_listener_connected").await == 1
         })
         .await;
+        assert_eq!(replica.get("/v1/secrets/key", Some(&token)).await.status, StatusCode::OK);
     }
 
     let revoked = a.operator(Method::DELETE, &format!("/v1/domains/{domain}/nodes/{node}"), None).await;
@@ -84,10 +86,11 @@ async fn a_node_deleted_by_hand_is_revoked_everywhere_too(
     let domain = replica.create_domain("d", None).await;
     let (_, token) = replica.enrol(&domain, "n").await;
     replica.put_secret(&domain, "key", "value").await;
-    eventually(Duration::from_secs(5), "the token is cached", || async {
-        replica.get("/v1/secrets/key", Some(&token)).await.status == StatusCode::OK
+    eventually(Duration::from_secs(5), "the revocation listener is connected", || async {
+        replica.gauge("plexsphere_revocation_listener_connected").await == 1
     })
     .await;
+    assert_eq!(replica.get("/v1/secrets/key", Some(&token)).await.status, StatusCode::OK);
     sqlx::query("TRUNCATE plexsphere.nodes").execute(&pool).await.unwrap();
     eventually(Duration::from_secs(1), "the replica refuses the token", || async {
         replica.get("/v1/secrets/key", Some(&token)).await.status == StatusCode::UNAUTHORIZED

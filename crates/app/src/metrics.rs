@@ -57,6 +57,7 @@ enum SweepOutcomeLabel {
 pub struct Metrics {
     registry: Arc<Registry>,
     leader: Gauge,
+    revocations_listening: Gauge,
     decisions: Family<DecisionLabels, Counter>,
     sweeps: Family<SweepLabels, Counter>,
     swept_rows: Counter,
@@ -71,6 +72,12 @@ impl Metrics {
             "leader",
             "1 on the replica that runs the background loops, 0 on the others",
             leader.clone(),
+        );
+        let revocations_listening = Gauge::default();
+        registry.register(
+            "revocation_listener_connected",
+            "1 while revocations reach this replica's credential cache, 0 while it is bypassed",
+            revocations_listening.clone(),
         );
         let decisions = Family::<DecisionLabels, Counter>::default();
         registry.register(
@@ -90,7 +97,12 @@ impl Metrics {
             "Idle rate-budget rows deleted by this replica",
             swept_rows.clone(),
         );
-        Metrics { registry: Arc::new(registry), leader, decisions, sweeps, swept_rows }
+        Metrics { registry: Arc::new(registry), leader, revocations_listening, decisions, sweeps, swept_rows }
+    }
+
+    /// Records whether the revocation listener is connected (and the credential cache in use).
+    pub fn set_revocations_listening(&self, listening: bool) {
+        self.revocations_listening.set(i64::from(listening));
     }
 
     /// Records whether this replica leads.

@@ -16,12 +16,18 @@ use sqlx::ConnectOptions;
 use tokio_util::sync::CancellationToken;
 
 use crate::http::CredentialCache;
+use crate::metrics::Metrics;
 
 /// How long the listener waits before connecting again after a failure.
 const RETRY: Duration = Duration::from_millis(500);
 
 /// Listens until `shutdown` is cancelled, keeping `cache` in step with revocations.
-pub async fn run(database: PgConnectOptions, cache: CredentialCache, shutdown: CancellationToken) {
+pub async fn run(
+    database: PgConnectOptions,
+    cache: CredentialCache,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+) {
     // One connection, for this listener only.
     let pool =
         PgPoolOptions::new().max_connections(1).acquire_timeout(Duration::from_secs(10)).connect_lazy_with(
@@ -38,6 +44,7 @@ pub async fn run(database: PgConnectOptions, cache: CredentialCache, shutdown: C
         match listener {
             Ok(listener) => {
                 cache.resume();
+                metrics.set_revocations_listening(true);
                 if connected_before {
                     tracing::info!("revocation listener reconnected; credential cache in use again");
                 }
@@ -60,6 +67,7 @@ pub async fn run(database: PgConnectOptions, cache: CredentialCache, shutdown: C
         }
     }
     cache.suspend();
+    metrics.set_revocations_listening(false);
     pool.close().await;
 }
 

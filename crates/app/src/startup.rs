@@ -113,8 +113,12 @@ impl Application {
             config.sweep_interval,
             shutdown.clone(),
         ));
-        let revocations =
-            tokio::spawn(revocations::run(config.database.clone(), credentials, shutdown.clone()));
+        let revocations = tokio::spawn(revocations::run(
+            config.database.clone(),
+            credentials,
+            metrics.clone(),
+            shutdown.clone(),
+        ));
         tracing::info!(%local_addr, "serving");
         Ok(Application {
             local_addr,

@@ -183,12 +183,17 @@ impl Replica {
 
     /// The value of the `plexsphere_leader` gauge this replica exposes.
     pub(crate) async fn leader_gauge(&self) -> i64 {
+        self.gauge("plexsphere_leader").await
+    }
+
+    /// The value of a gauge this replica exposes.
+    pub(crate) async fn gauge(&self, name: &str) -> i64 {
         let answer = self.get("/metrics", None).await;
         let text = answer.body.as_str().unwrap().to_owned();
         text.lines()
-            .find_map(|line| line.strip_prefix("plexsphere_leader "))
+            .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
             .map(|value| value.trim().parse().unwrap())
-            .expect("the metrics name plexsphere_leader")
+            .unwrap_or_else(|| panic!("the metrics name {name}"))
     }
 }
 
