@@ -353,3 +353,60 @@ fn a_policy_that_passes_rust_is_stored_and_one_that_fails_trips_the_check() {
     });
     runtime.block_on(database.drop_database(pool));
 }
+
+// ---- invisible characters in names ----
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn the_tables_refuse_exactly_the_characters_the_model_calls_invisible(pool: PgPool) {
+    // The CHECK's own pattern, run over every code point PostgreSQL can hold in text.
+    let definition: String = sqlx::query_scalar(
+        "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'domains_name_visible_check'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let pattern = definition.split('\'').nth(1).expect("the CHECK holds one quoted pattern");
+    let refused: Vec<i32> = sqlx::query_scalar(
+        "SELECT c FROM generate_series(1, 1114111) AS c
+         WHERE (c < 55296 OR c > 57343) AND chr(c) ~ $1
+         ORDER BY c",
+    )
+    .bind(pattern)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let model: Vec<i32> = (1..=0x10FFFF_u32)
+        .filter_map(char::from_u32)
+        .filter(|c| access::is_invisible(*c))
+        .map(|c| c as i32)
+        .collect();
+    assert_eq!(refused, model);
+    let node_definition: String = sqlx::query_scalar(
+        "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'nodes_name_visible_check'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(node_definition, definition);
+}
+
+#[tokio::test]
+async fn names_stored_before_the_rule_show_their_invisible_characters_as_replacement_characters() {
+    let (database, pool) = crate::support::helpers::FreshDatabase::create_before(33).await;
+    let domain = uuid::Uuid::new_v4();
+    sqlx::query("INSERT INTO plexsphere.domains (id, name) VALUES ($1, $2)")
+        .bind(domain)
+        .bind("ad\u{200B}min\u{202E}")
+        .execute(&pool)
+        .await
+        .unwrap();
+    app::MIGRATOR.run(&pool).await.unwrap();
+    let name: String = sqlx::query_scalar("SELECT name FROM plexsphere.domains WHERE id = $1")
+        .bind(domain)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(name, "ad\u{FFFD}min\u{FFFD}");
+    assert!(access::DomainName::parse(name).is_ok());
+    database.drop_database(pool).await;
+}

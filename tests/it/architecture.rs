@@ -4,7 +4,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-const CONTEXTS: [&str; 3] = ["secrets", "access", "ingest"];
+const CONTEXTS: [&str; 4] = ["secrets", "access", "ingest", "audit"];
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()

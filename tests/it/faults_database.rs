@@ -332,14 +332,15 @@ async fn what_was_acknowledged_survives_the_service_killed_and_the_database_cras
     let put = api.operator(Method::PUT, &path, Some(serde_json::json!({ "value": "hunter2" }))).await;
     assert_eq!(put.status, StatusCode::NO_CONTENT);
     kill_both(service).await;
-    let value: Option<String> = sqlx::query_scalar(
-        "SELECT value FROM plexsphere.secrets WHERE domain_id = $1::uuid AND name = 'db-password'",
+    // Sealed (issue 13): the row holds the 7 bytes of "hunter2" and the 16 of the AEAD tag.
+    let sealed: Option<i32> = sqlx::query_scalar(
+        "SELECT octet_length(ciphertext) FROM plexsphere.secrets WHERE domain_id = $1::uuid AND name = 'db-password'",
     )
     .bind(&domain)
     .fetch_optional(&pool().await)
     .await
     .unwrap();
-    assert_eq!(value.as_deref(), Some("hunter2"), "a secret answered 204 was lost");
+    assert_eq!(sealed, Some(7 + 16), "a secret answered 204 was lost");
 
     let service = Launch::serve(&url).start().await;
     let path = format!("/v1/domains/{domain}/nodes");

@@ -7,8 +7,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use ratebudget::{Clock, Limit, ManualClock, Spender, Store};
 use secrets::{
-    DomainId, Limiter, NodeId, PgSecretRepository, RateBudgetReadLimiter, ReadError, ReadLimitError, Reader,
-    SecretName, SecretRepository, SecretValue, SecretsService,
+    DomainId, Keyring, Limiter, NodeId, OpenError, PgSecretRepository, RateBudgetReadLimiter, ReadError,
+    ReadLimitError, Reader, SecretName, SecretRef, SecretRepository, SecretValue, SecretsKey, SecretsService,
+    StoredSecret, StoredValue,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
@@ -30,6 +31,27 @@ fn name(text: &str) -> SecretName {
 
 fn value(text: &str) -> SecretValue {
     SecretValue::new(text).unwrap()
+}
+
+fn key(byte: u8) -> SecretsKey {
+    SecretsKey::from_bytes(&[byte; 32])
+}
+
+/// The keyring the store tests seal with.
+fn keyring() -> Keyring {
+    Keyring::new(key(1), [])
+}
+
+/// Puts `text` as `domain`'s secret `name`, sealed as the service would.
+async fn put(repository: &PgSecretRepository, domain: DomainId, secret: &SecretName, text: &str) {
+    let sealed = keyring().seal(domain, secret, &value(text));
+    repository.put(domain, secret, &sealed).await.unwrap();
+}
+
+/// The value the store holds as `domain`'s secret `name`, opened.
+async fn got(repository: &PgSecretRepository, domain: DomainId, secret: &SecretName) -> Option<SecretValue> {
+    let stored = repository.get(domain, secret).await.unwrap()?;
+    Some(keyring().open(domain, secret, &stored).unwrap())
 }
 
 fn budget(per_second: f64, burst: f64) -> Limit {
@@ -72,11 +94,11 @@ async fn a_put_secret_is_got_back_and_a_second_put_replaces_it(pool: PgPool) {
     let domain = domain();
     assert_eq!(repository.get(domain, &name("db-password")).await.unwrap(), None);
 
-    repository.put(domain, &name("db-password"), &value("first")).await.unwrap();
-    assert_eq!(repository.get(domain, &name("db-password")).await.unwrap(), Some(value("first")));
+    put(&repository, domain, &name("db-password"), "first").await;
+    assert_eq!(got(&repository, domain, &name("db-password")).await, Some(value("first")));
 
-    repository.put(domain, &name("db-password"), &value("second")).await.unwrap();
-    assert_eq!(repository.get(domain, &name("db-password")).await.unwrap(), Some(value("second")));
+    put(&repository, domain, &name("db-password"), "second").await;
+    assert_eq!(got(&repository, domain, &name("db-password")).await, Some(value("second")));
     let rows: i64 =
         sqlx::query_scalar("SELECT count(*) FROM plexsphere.secrets").fetch_one(&pool).await.unwrap();
     assert_eq!(rows, 1, "the overwrite replaced the row instead of adding one");
@@ -90,23 +112,23 @@ async fn the_largest_name_and_value_round_trip_exactly(pool: PgPool) {
     // Multi-byte text right at the limit, with the characters a careless encoder mangles.
     let largest = value(&format!("{}é'\"\\\n\t", "x".repeat(65_536 - 7)));
     assert_eq!(largest.expose().len(), 65_536);
-    repository.put(domain, &longest, &largest).await.unwrap();
-    assert_eq!(repository.get(domain, &longest).await.unwrap(), Some(largest));
-    repository.put(domain, &name("empty"), &value("")).await.unwrap();
-    assert_eq!(repository.get(domain, &name("empty")).await.unwrap(), Some(value("")));
+    put(&repository, domain, &longest, largest.expose()).await;
+    assert_eq!(got(&repository, domain, &longest).await, Some(largest));
+    put(&repository, domain, &name("empty"), "").await;
+    assert_eq!(got(&repository, domain, &name("empty")).await, Some(value("")));
 }
 
 #[sqlx::test(migrator = "app::MIGRATOR")]
 async fn a_domains_secret_is_invisible_to_another_domain(pool: PgPool) {
     let repository = PgSecretRepository::new(pool);
     let (a, b) = (domain(), domain());
-    repository.put(a, &name("token"), &value("a's token")).await.unwrap();
+    put(&repository, a, &name("token"), "a's token").await;
     assert_eq!(repository.get(b, &name("token")).await.unwrap(), None);
 
     // The same name in two Domains is two secrets; writing one leaves the other alone.
-    repository.put(b, &name("token"), &value("b's token")).await.unwrap();
-    assert_eq!(repository.get(a, &name("token")).await.unwrap(), Some(value("a's token")));
-    assert_eq!(repository.get(b, &name("token")).await.unwrap(), Some(value("b's token")));
+    put(&repository, b, &name("token"), "b's token").await;
+    assert_eq!(got(&repository, a, &name("token")).await, Some(value("a's token")));
+    assert_eq!(got(&repository, b, &name("token")).await, Some(value("b's token")));
 }
 
 #[sqlx::test(migrator = "app::MIGRATOR")]
@@ -167,7 +189,8 @@ async fn a_store_that_cannot_be_reached_is_an_error_not_an_absent_secret() {
     let repository = PgSecretRepository::new(unreachable_pool());
     let domain = domain();
     let get = repository.get(domain, &name("token")).await.unwrap_err();
-    let put = repository.put(domain, &name("token"), &value("v")).await.unwrap_err();
+    let sealed = keyring().seal(domain, &name("token"), &value("v"));
+    let put = repository.put(domain, &name("token"), &sealed).await.unwrap_err();
     for error in [get, put] {
         assert_eq!(error.to_string(), "secret store could not answer");
     }
@@ -242,6 +265,7 @@ async fn many_readers_through_two_replicas_admit_exactly_the_domains_burst(
             SecretsService::new(
                 Arc::new(PgSecretRepository::new(pool.clone())),
                 Arc::new(limiter(pool, &clock, budget(1.0, node_burst), budget(1.0, domain_burst))),
+                Arc::new(keyring()),
             )
         })
         .collect();
@@ -315,6 +339,7 @@ async fn a_node_reads_its_domains_secret_and_not_another_domains_and_each_read_i
     let service = SecretsService::new(
         Arc::new(PgSecretRepository::new(pool.clone())),
         Arc::new(limiter(&pool, &clock, budget(1.0, 5.0), budget(1.0, 10.0))),
+        Arc::new(keyring()),
     );
     let (a, b) = (domain(), domain());
     service.write(a, name("token"), value("a's token")).await.unwrap();
@@ -331,4 +356,131 @@ async fn a_node_reads_its_domains_secret_and_not_another_domains_and_each_read_i
     assert_eq!(domain_bucket(&pool, a).await, Some((8.0, instant())));
     assert_eq!(node_bucket(&pool, reader_of_b.node).await, Some((4.0, instant())));
     assert_eq!(domain_bucket(&pool, b).await, Some((9.0, instant())));
+}
+
+// ---- values at rest ----
+
+/// A service on `pool` sealing with `keyring`, whose budgets never bind.
+fn sealing_service(pool: &PgPool, keyring: Keyring) -> SecretsService {
+    let clock = ManualClock::new(instant());
+    SecretsService::new(
+        Arc::new(PgSecretRepository::new(pool.clone())),
+        Arc::new(limiter(pool, &clock, budget(1000.0, 1000.0), budget(1000.0, 1000.0))),
+        Arc::new(keyring),
+    )
+}
+
+/// Every row's (name, plain-text value, key id, ciphertext).
+async fn rows(pool: &PgPool) -> Vec<(String, Option<String>, Option<String>, Option<Vec<u8>>)> {
+    sqlx::query_as("SELECT name, value, key_id, ciphertext FROM plexsphere.secrets ORDER BY name")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn the_table_holds_values_sealed_under_the_current_key_never_in_the_clear(pool: PgPool) {
+    let service = sealing_service(&pool, Keyring::new(key(2), [key(1)]));
+    let domain = domain();
+    service.write(domain, name("db-password"), value("correct horse battery staple")).await.unwrap();
+    let [(_, plaintext, key_id, ciphertext)] = rows(&pool).await.try_into().unwrap();
+    assert_eq!(plaintext, None);
+    assert_eq!(key_id.as_deref(), Some(key(2).id().as_str()));
+    let ciphertext = ciphertext.unwrap();
+    assert!(!ciphertext.windows(5).any(|window| window == b"horse"), "{ciphertext:?}");
+    let secret = service.read(reader_in(domain), &name("db-password")).await.unwrap();
+    assert_eq!(secret.value, value("correct horse battery staple"));
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_sealed_value_moved_to_another_row_does_not_open(pool: PgPool) {
+    let service = sealing_service(&pool, keyring());
+    let (victim, attacker) = (domain(), domain());
+    service.write(victim, name("db-password"), value("the victim's")).await.unwrap();
+    service.write(attacker, name("db-password"), value("the attacker's")).await.unwrap();
+    service.write(attacker, name("other-name"), value("also the attacker's")).await.unwrap();
+    // Whoever can write the table copies the victim's sealed value under the attacker's Domain,
+    // and under another name.
+    sqlx::query(
+        "UPDATE plexsphere.secrets AS target
+         SET key_id = source.key_id, nonce = source.nonce, ciphertext = source.ciphertext
+         FROM plexsphere.secrets AS source
+         WHERE source.domain_id = $1 AND target.domain_id = $2",
+    )
+    .bind(victim.as_uuid())
+    .bind(attacker.as_uuid())
+    .execute(&pool)
+    .await
+    .unwrap();
+    for moved in ["db-password", "other-name"] {
+        let error = service.read(reader_in(attacker), &name(moved)).await.unwrap_err();
+        assert!(matches!(error, ReadError::Unreadable(OpenError::NotAuthentic(_))), "{moved}: {error:?}");
+    }
+    assert_eq!(
+        service.read(reader_in(victim), &name("db-password")).await.unwrap().value,
+        value("the victim's")
+    );
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn rekey_seals_plaintext_rows_and_moves_old_keys_to_the_current_one_in_batches(pool: PgPool) {
+    let domain = domain();
+    // Two rows as a build before sealing wrote them, three under the old key.
+    for (secret, text) in [("plain-1", "p1"), ("plain-2", "p2")] {
+        sqlx::query("INSERT INTO plexsphere.secrets (domain_id, name, value) VALUES ($1, $2, $3)")
+            .bind(domain.as_uuid())
+            .bind(secret)
+            .bind(text)
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    let before_rotation = sealing_service(&pool, Keyring::new(key(1), []));
+    for (secret, text) in [("old-1", "o1"), ("old-2", "o2"), ("old-3", "o3")] {
+        before_rotation.write(domain, name(secret), value(text)).await.unwrap();
+    }
+    let rotated = sealing_service(&pool, Keyring::new(key(2), [key(1)]));
+    let mut after = None;
+    let (mut batches, mut resealed, mut from_plaintext) = (0, 0, 0);
+    loop {
+        let batch = rotated.rekey_batch(after.as_ref(), 2).await.unwrap();
+        batches += 1;
+        resealed += batch.resealed;
+        from_plaintext += batch.sealed_from_plaintext;
+        after = batch.next;
+        if after.is_none() {
+            break;
+        }
+    }
+    assert_eq!((batches, resealed, from_plaintext), (3, 3, 2));
+    for (_, plaintext, key_id, _) in rows(&pool).await {
+        assert_eq!((plaintext, key_id.as_deref()), (None, Some(key(2).id().as_str())));
+    }
+    // The old key can go: the current one opens everything.
+    let retired = sealing_service(&pool, Keyring::new(key(2), []));
+    for (secret, text) in
+        [("plain-1", "p1"), ("plain-2", "p2"), ("old-1", "o1"), ("old-2", "o2"), ("old-3", "o3")]
+    {
+        assert_eq!(retired.read(reader_in(domain), &name(secret)).await.unwrap().value, value(text));
+    }
+    assert_eq!(retired.rekey_batch(None, 2).await.unwrap().resealed, 0);
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn rekey_never_undoes_a_write_that_raced_it(pool: PgPool) {
+    let repository = PgSecretRepository::new(pool.clone());
+    let domain = domain();
+    let old = Keyring::new(key(1), []);
+    let current = Keyring::new(key(2), [key(1)]);
+    repository.put(domain, &name("n"), &old.seal(domain, &name("n"), &value("before"))).await.unwrap();
+    let [listed]: [StoredSecret; 1] =
+        repository.not_sealed_under(current.current_key_id(), None, 10).await.unwrap().try_into().unwrap();
+    // A write lands between the listing and the replace.
+    repository.put(domain, &name("n"), &current.seal(domain, &name("n"), &value("after"))).await.unwrap();
+    let resealed = current.seal(domain, &name("n"), &value("before"));
+    assert!(!repository.replace(&listed, &resealed).await.unwrap());
+    let stored = repository.get(domain, &name("n")).await.unwrap().unwrap();
+    assert_eq!(current.open(domain, &name("n"), &stored), Ok(value("after")));
+    assert_eq!(listed.secret, SecretRef { domain, name: name("n") });
+    assert!(matches!(listed.value, StoredValue::Sealed(_)));
 }

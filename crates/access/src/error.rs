@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::DomainId;
+use crate::{DomainId, NodeId};
 
 /// Any error from below a port, kept as the source of an `Unavailable` variant.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -48,6 +48,22 @@ pub enum EnrolError {
     },
     /// The access store or the issuance limiter could not answer. This is not a refusal.
     #[error("enrolment could not be completed")]
+    Unavailable(#[source] BoxError),
+}
+
+/// Why a Node was not revoked.
+#[derive(Debug, thiserror::Error)]
+pub enum RevokeError {
+    /// The Domain has no such Node (never enrolled, revoked already, or in another Domain).
+    #[error("no node {node} in domain {domain}")]
+    UnknownNode {
+        /// The Domain asked for.
+        domain: DomainId,
+        /// The Node asked for.
+        node: NodeId,
+    },
+    /// The access store could not answer; the Node may or may not have been revoked.
+    #[error("node could not be revoked")]
     Unavailable(#[source] BoxError),
 }
 

@@ -10,6 +10,8 @@
 //! - Every enrolment spends one issuance from its Domain's budget, sized from the Domain's own
 //!   policy or else the process-wide default, before a credential exists. An enrolment into an
 //!   unknown Domain spends nothing.
+//! - A revoked Node's credential stops authenticating on every replica: deleting a Node
+//!   announces it on [`NODE_REVOKED_CHANNEL`], and replicas drop it from their caches.
 //! - A refused issuance ([`EnrolError::IssuanceRateLimited`]) and a limiter or store that could
 //!   not answer ([`EnrolError::Unavailable`]) are different errors, and neither is ever
 //!   reported as the other.
@@ -24,11 +26,13 @@ mod persistence;
 mod ports;
 mod service;
 
-pub use error::{AuthError, BoxError, CreateDomainError, EnrolError, IssuanceLimitError, RepositoryError};
-pub use model::{
-    AuthenticatedNode, Domain, DomainId, DomainName, Enrolment, InvalidInput, IssuancePolicy, NewDomain,
-    Node, NodeId, NodeName, NodeToken, TokenHash,
+pub use error::{
+    AuthError, BoxError, CreateDomainError, EnrolError, IssuanceLimitError, RepositoryError, RevokeError,
 };
-pub use persistence::{PgAccessRepository, RateBudgetIssuanceLimiter};
+pub use model::{
+    is_invisible, AuthenticatedNode, Domain, DomainId, DomainName, Enrolment, InvalidInput, IssuancePolicy,
+    NewDomain, Node, NodeId, NodeName, NodeToken, TokenHash, INVISIBLE,
+};
+pub use persistence::{PgAccessRepository, RateBudgetIssuanceLimiter, NODE_REVOKED_CHANNEL};
 pub use ports::{AccessRepository, Limiter};
 pub use service::AccessService;

@@ -92,7 +92,48 @@ pub struct InvalidInput {
     pub reason: &'static str,
 }
 
-/// Trims `raw` and checks it is a name: 1 to 100 characters, none of them control characters.
+/// Characters a name refuses besides control characters: every Unicode format character
+/// (general category Cf: bidi embeddings, overrides, isolates and marks, zero-width spaces and
+/// joiners, the byte-order mark, soft hyphen, tags), the other default-ignorable code points
+/// (variation selectors, Hangul fillers, combining grapheme joiner, ...) and the line and
+/// paragraph separators. Each renders as nothing or reorders the text around it, so a name
+/// holding one can look like another name, or make a log line or a terminal read differently
+/// from what it holds. The table's CHECKs hold the same list (migration 0033).
+pub const INVISIBLE: &[(char, char)] = &[
+    ('\u{00AD}', '\u{00AD}'),
+    ('\u{034F}', '\u{034F}'),
+    ('\u{0600}', '\u{0605}'),
+    ('\u{061C}', '\u{061C}'),
+    ('\u{06DD}', '\u{06DD}'),
+    ('\u{070F}', '\u{070F}'),
+    ('\u{0890}', '\u{0891}'),
+    ('\u{08E2}', '\u{08E2}'),
+    ('\u{115F}', '\u{1160}'),
+    ('\u{17B4}', '\u{17B5}'),
+    ('\u{180B}', '\u{180F}'),
+    ('\u{200B}', '\u{200F}'),
+    ('\u{2028}', '\u{202E}'),
+    ('\u{2060}', '\u{206F}'),
+    ('\u{3164}', '\u{3164}'),
+    ('\u{FE00}', '\u{FE0F}'),
+    ('\u{FEFF}', '\u{FEFF}'),
+    ('\u{FFA0}', '\u{FFA0}'),
+    ('\u{FFF0}', '\u{FFFB}'),
+    ('\u{110BD}', '\u{110BD}'),
+    ('\u{110CD}', '\u{110CD}'),
+    ('\u{13430}', '\u{1343F}'),
+    ('\u{1BCA0}', '\u{1BCA3}'),
+    ('\u{1D173}', '\u{1D17A}'),
+    ('\u{E0000}', '\u{E0FFF}'),
+];
+
+/// Whether `c` is one of the [`INVISIBLE`] characters.
+pub fn is_invisible(c: char) -> bool {
+    INVISIBLE.iter().any(|&(first, last)| (first..=last).contains(&c))
+}
+
+/// Trims `raw` and checks it is a name: 1 to 100 characters, none of them control characters
+/// or [`INVISIBLE`] ones.
 fn parse_name(raw: String) -> Result<String, InvalidInput> {
     let trimmed = raw.trim();
     let chars = trimmed.chars().count();
@@ -103,10 +144,17 @@ fn parse_name(raw: String) -> Result<String, InvalidInput> {
     if trimmed.chars().any(char::is_control) {
         return Err(InvalidInput { field: "name", reason: "must not contain control characters" });
     }
+    if trimmed.chars().any(is_invisible) {
+        return Err(InvalidInput {
+            field: "name",
+            reason: "must not contain invisible characters (format, bidi, zero-width, variation selectors)",
+        });
+    }
     Ok(if trimmed.len() == raw.len() { raw } else { trimmed.to_owned() })
 }
 
-/// A Domain's display name: trimmed, 1 to 100 characters, no control characters.
+/// A Domain's display name: trimmed, 1 to 100 characters, no control or [`INVISIBLE`]
+/// characters.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct DomainName(String);
 
@@ -132,7 +180,8 @@ impl fmt::Display for DomainName {
     }
 }
 
-/// A Node's display name: trimmed, 1 to 100 characters, no control characters.
+/// A Node's display name: trimmed, 1 to 100 characters, no control or [`INVISIBLE`]
+/// characters.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct NodeName(String);
 

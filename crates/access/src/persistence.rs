@@ -7,8 +7,13 @@ use uuid::Uuid;
 
 use crate::{
     AccessRepository, AuthenticatedNode, BoxError, Domain, DomainId, DomainName, IssuanceLimitError,
-    IssuancePolicy, Limiter, Node, RepositoryError, TokenHash,
+    IssuancePolicy, Limiter, Node, NodeId, RepositoryError, TokenHash,
 };
+
+/// The PostgreSQL channel a deleted Node is announced on, with its id as the payload (`*` when
+/// the whole table was truncated). Migration 0032's trigger sends it, so every way a Node's row
+/// goes (this adapter, or an operator's own SQL) reaches every replica's credential cache.
+pub const NODE_REVOKED_CHANNEL: &str = "plexsphere_node_revoked";
 
 /// What one issuance costs, in tokens of its Domain's bucket.
 const ISSUANCE_COST: f64 = 1.0;
@@ -90,6 +95,22 @@ impl AccessRepository for PgAccessRepository {
         .await
         .map_err(unavailable)?;
         Ok(())
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(%domain, %node))]
+    async fn delete_node(&self, domain: DomainId, node: NodeId) -> Result<bool, RepositoryError> {
+        // The trigger of migration 0032 announces the deletion when this commits.
+        let deleted = sqlx::query(
+            "DELETE FROM plexsphere.nodes
+             WHERE id = $1
+               AND domain_id = $2",
+        )
+        .bind(node.as_uuid())
+        .bind(domain.as_uuid())
+        .execute(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        Ok(deleted.rows_affected() == 1)
     }
 
     // The hash is not the token, but it is what authenticates: it stays out of the span too.

@@ -1,7 +1,8 @@
 //! What the access context needs from the outside: an issuance limiter and a store.
 
 use crate::{
-    AuthenticatedNode, Domain, DomainId, IssuanceLimitError, IssuancePolicy, Node, RepositoryError, TokenHash,
+    AuthenticatedNode, Domain, DomainId, IssuanceLimitError, IssuancePolicy, Node, NodeId, RepositoryError,
+    TokenHash,
 };
 
 /// Decides whether a Domain may issue another Node credential now.
@@ -61,4 +62,16 @@ pub trait AccessRepository: Send + Sync {
         &self,
         token_hash: &TokenHash,
     ) -> Result<Option<AuthenticatedNode>, RepositoryError>;
+
+    /// Deletes Node `node` of Domain `domain` with its credential; `false` when `domain` has no
+    /// such Node.
+    ///
+    /// Every replica's cache of authenticated credentials must hear of it: the adapter MUST
+    /// make the deletion announce itself (see `NODE_REVOKED_CHANNEL`), so a deleted Node's
+    /// token stops authenticating everywhere, not only where it was deleted.
+    ///
+    /// # Errors
+    /// [`RepositoryError`] MUST be returned when the store could not answer; an unknown Node
+    /// MUST be `Ok(false)`, never an error.
+    async fn delete_node(&self, domain: DomainId, node: NodeId) -> Result<bool, RepositoryError>;
 }

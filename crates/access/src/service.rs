@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use crate::{
     AccessRepository, AuthError, AuthenticatedNode, CreateDomainError, Domain, DomainId, EnrolError,
-    Enrolment, Limiter, NewDomain, Node, NodeId, NodeName, NodeToken, RepositoryError,
+    Enrolment, Limiter, NewDomain, Node, NodeId, NodeName, NodeToken, RepositoryError, RevokeError,
 };
 
 #[cfg(test)]
@@ -69,6 +69,21 @@ impl AccessService {
         let node = Node { id: NodeId::random(), domain_id: domain.id, name };
         self.repository.insert_node(&node, &token.hash()).await?;
         Ok(Enrolment { node, token })
+    }
+
+    /// Revokes Node `node` of Domain `domain`: its credential stops authenticating, on every
+    /// replica (the store announces the deletion; see `NODE_REVOKED_CHANNEL`).
+    ///
+    /// # Errors
+    /// - [`RevokeError::UnknownNode`] when the Domain has no such Node.
+    /// - [`RevokeError::Unavailable`] when the store could not answer.
+    #[tracing::instrument(level = "debug", skip_all, fields(%domain, %node))]
+    pub async fn revoke_node(&self, domain: DomainId, node: NodeId) -> Result<(), RevokeError> {
+        match self.repository.delete_node(domain, node).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(RevokeError::UnknownNode { domain, node }),
+            Err(error) => Err(RevokeError::Unavailable(error.into())),
+        }
     }
 
     /// The Node a presented token was issued to.

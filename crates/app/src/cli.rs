@@ -6,8 +6,10 @@
 
 use std::io::Write;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use anyhow::Context as _;
+use audit::AuditLog as _;
 use clap::{Parser, Subcommand};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
@@ -37,10 +39,30 @@ enum Command {
         #[command(flatten)]
         database: Database,
     },
+    /// Manage the secret store.
+    Secrets {
+        #[command(subcommand)]
+        command: SecretsCommand,
+    },
     /// Read rate budgets.
     Budgets {
         #[command(subcommand)]
         command: BudgetsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum SecretsCommand {
+    /// Re-seal under PLEXSPHERE_SECRETS_KEY every secret sealed under an old key or stored in
+    /// plain text, in batches; run it after a rotation or an upgrade.
+    Rekey {
+        /// Secrets re-sealed per batch (one round trip to list, one per secret to replace).
+        #[arg(long, default_value_t = 500)]
+        batch_size: usize,
+        #[command(flatten)]
+        database: Database,
+        #[command(flatten)]
+        keys: config::SecretsKeys,
     },
 }
 
@@ -80,6 +102,16 @@ pub async fn main() -> anyhow::Result<()> {
             }
         },
         Command::Migrate { database } => migrate(database.options()?).await,
+        Command::Secrets { command: SecretsCommand::Rekey { batch_size, database, keys } } => {
+            let keyring = match keys.keyring() {
+                Ok(keyring) => keyring,
+                Err(error) => {
+                    eprintln!("plexsphere: refusing to start: {error}");
+                    std::process::exit(2);
+                }
+            };
+            rekey_secrets(database.options()?, keyring, batch_size, &mut std::io::stdout()).await
+        }
         Command::Budgets { command: BudgetsCommand::Show { key, database } } => {
             show_budgets(database.options()?, key, &mut std::io::stdout()).await
         }
@@ -100,6 +132,14 @@ const INTERRUPTED: i32 = 130;
 /// # Errors
 /// When the database cannot be migrated or the listener cannot be bound.
 pub async fn serve(config: Config, migrate_first: bool) -> anyhow::Result<()> {
+    let development_key = secrets::SecretsKey::from_base64(config::DEVELOPMENT_SECRETS_KEY)
+        .expect("the development key is a key");
+    if config.keyring.current_key_id() == development_key.id() {
+        tracing::warn!(
+            "{} is the README's development key: anyone can open these secrets; never use it in production",
+            config::SECRETS_KEY
+        );
+    }
     if migrate_first {
         let pool = connect(config.database.clone()).await?;
         migrate_pool(&pool).await?;
@@ -169,14 +209,104 @@ pub async fn reset_budget(
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
     let pool = connect(database).await?;
-    let existed =
-        ratebudget::Store::new(pool).reset(scope, key.into()).await.context("failed to reset the budget")?;
+    let existed = ratebudget::Store::new(pool.clone())
+        .reset(scope, key.into())
+        .await
+        .context("failed to reset the budget")?;
+    let subject = match scope {
+        ratebudget::Scope::SecretReadNode | ratebudget::Scope::IngestNode => {
+            audit::Subject { node_id: Some(key), ..audit::Subject::default() }
+        }
+        _ => audit::Subject { domain_id: Some(key), ..audit::Subject::default() },
+    };
+    let entry =
+        audit::NewEntry { actor: audit::Actor::command_line(), action: audit::Action::ResetBudget, subject };
+    audit::PgAuditLog::new(pool)
+        .record(&entry)
+        .await
+        .context("failed to record the reset in the audit log")?;
     if existed {
         writeln!(out, "reset {scope} of {key}: the next take mints it full")?;
     } else {
         writeln!(out, "{scope} of {key} had no bucket (it was full already); replicas were told anyway")?;
     }
     Ok(())
+}
+
+/// `plexsphere secrets rekey`: re-seals under the current key, `batch_size` at a time, every
+/// secret sealed under an old key or written in plain text before sealing, printing each
+/// batch. It can run beside serving replicas (a value a replica writes meanwhile is left as
+/// that write sealed it), and a rekey that stopped resumes from the start harmlessly.
+///
+/// # Errors
+/// When the database does not answer, or a value does not open: its key is in neither knob.
+pub async fn rekey_secrets(
+    database: PgConnectOptions,
+    keyring: secrets::Keyring,
+    batch_size: usize,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(batch_size > 0, "the batch size must be at least 1");
+    let pool = connect(database).await?;
+    let current = keyring.current_key_id().clone();
+    let service = secrets::SecretsService::new(
+        Arc::new(secrets::PgSecretRepository::new(pool.clone())),
+        Arc::new(NoReads),
+        Arc::new(keyring),
+    );
+    let (mut resealed, mut from_plaintext, mut replaced) = (0, 0, 0);
+    let mut after = None;
+    for batch_number in 1.. {
+        let batch = service.rekey_batch(after.as_ref(), batch_size).await.map_err(|error| {
+            let hint = match error {
+                secrets::RekeyError::Unreadable { .. } => format!(
+                    "; list the key that sealed it in {} (or {} if it is the current one)",
+                    config::SECRETS_OLD_KEYS,
+                    config::SECRETS_KEY
+                ),
+                secrets::RekeyError::Unavailable(_) => String::new(),
+            };
+            anyhow::Error::new(error).context(format!("re-sealing stopped in batch {batch_number}{hint}"))
+        })?;
+        writeln!(
+            out,
+            "batch {batch_number}: {} re-sealed from old keys, {} sealed from plain text, {} written meanwhile",
+            batch.resealed, batch.sealed_from_plaintext, batch.replaced_meanwhile
+        )?;
+        resealed += batch.resealed;
+        from_plaintext += batch.sealed_from_plaintext;
+        replaced += batch.replaced_meanwhile;
+        after = batch.next;
+        if after.is_none() {
+            break;
+        }
+    }
+    let entry = audit::NewEntry {
+        actor: audit::Actor::command_line(),
+        action: audit::Action::RekeySecrets,
+        subject: audit::Subject::default(),
+    };
+    audit::PgAuditLog::new(pool)
+        .record(&entry)
+        .await
+        .context("failed to record the rekey in the audit log")?;
+    writeln!(
+        out,
+        "every secret is sealed under key {current}: {resealed} re-sealed, {from_plaintext} sealed from plain text, \
+         {replaced} written meanwhile; the old keys can be retired"
+    )?;
+    Ok(())
+}
+
+/// The read limiter of a service that only re-seals: it is never asked, and would refuse to
+/// answer rather than admit a read nobody budgeted.
+struct NoReads;
+
+#[async_trait::async_trait]
+impl secrets::Limiter for NoReads {
+    async fn spend_read(&self, _: secrets::Reader) -> Result<(), secrets::ReadLimitError> {
+        Err(secrets::ReadLimitError::Unavailable("the command line reads no secrets".into()))
+    }
 }
 
 /// The one knob the commands other than `serve` need.

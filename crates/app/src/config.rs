@@ -19,8 +19,21 @@ use sqlx::postgres::PgConnectOptions;
 pub const DATABASE_URL: &str = "DATABASE_URL";
 /// `PLEXSPHERE_LISTEN`: the address the HTTP API listens on.
 pub const LISTEN: &str = "PLEXSPHERE_LISTEN";
-/// `PLEXSPHERE_OPERATOR_TOKEN`: the bearer token of the operator routes.
+/// `PLEXSPHERE_OPERATOR_TOKEN`: one operator token, named `operator`.
 pub const OPERATOR_TOKEN: &str = "PLEXSPHERE_OPERATOR_TOKEN";
+/// `PLEXSPHERE_OPERATOR_TOKENS`: named operator tokens, `name:token,name:token`.
+pub const OPERATOR_TOKENS: &str = "PLEXSPHERE_OPERATOR_TOKENS";
+/// The name `PLEXSPHERE_OPERATOR_TOKEN`'s token acts under.
+pub const SINGLE_OPERATOR_NAME: &str = "operator";
+/// The fewest characters of an operator token.
+const OPERATOR_TOKEN_MIN_CHARS: usize = 16;
+/// `PLEXSPHERE_SECRETS_KEY`: the key secret values are sealed with.
+pub const SECRETS_KEY: &str = "PLEXSPHERE_SECRETS_KEY";
+/// `PLEXSPHERE_SECRETS_OLD_KEYS`: keys that sealed values before a rotation.
+pub const SECRETS_OLD_KEYS: &str = "PLEXSPHERE_SECRETS_OLD_KEYS";
+/// The README quick start's `PLEXSPHERE_SECRETS_KEY`, base64 of
+/// `development-key-never-production`: `serve` warns when it seals with it.
+pub const DEVELOPMENT_SECRETS_KEY: &str = "ZGV2ZWxvcG1lbnQta2V5LW5ldmVyLXByb2R1Y3Rpb24=";
 /// `PLEXSPHERE_SWEEP_INTERVAL_SECS`: how often the leader runs `rate-budget-sweep`.
 pub const SWEEP_INTERVAL_SECS: &str = "PLEXSPHERE_SWEEP_INTERVAL_SECS";
 /// `PLEXSPHERE_DATABASE_TIMEOUT_MS`: the longest a request waits for the database.
@@ -115,9 +128,18 @@ pub struct Knobs {
     /// The PostgreSQL database every replica shares.
     #[arg(long, env = DATABASE_URL, hide_env_values = true)]
     pub database_url: String,
-    /// Bearer token of the operator routes: at least 16 characters (`openssl rand -hex 32`).
+    /// A bearer token of the operator routes, acting as the operator named `operator`: at
+    /// least 16 characters (`openssl rand -hex 32`). This or PLEXSPHERE_OPERATOR_TOKENS, or both.
     #[arg(long, env = OPERATOR_TOKEN, hide_env_values = true)]
-    pub operator_token: String,
+    pub operator_token: Option<String>,
+    /// Named bearer tokens of the operator routes, `name:token` comma-separated (names of
+    /// A-Z a-z 0-9 . _ -, tokens of at least 16 characters): each acts, and is audited, under
+    /// its name, and one can be rotated while another works.
+    #[arg(long, env = OPERATOR_TOKENS, hide_env_values = true)]
+    pub operator_tokens: Option<String>,
+    /// The keys secret values are sealed and opened with.
+    #[command(flatten)]
+    pub secrets_keys: SecretsKeys,
     /// The address the HTTP API listens on.
     #[arg(long, env = LISTEN, default_value = "127.0.0.1:8080")]
     pub listen: String,
@@ -266,6 +288,52 @@ impl Knobs {
     }
 }
 
+/// The keys of the secret store, which `serve` and `secrets rekey` share.
+#[derive(Args, Clone)]
+pub struct SecretsKeys {
+    /// The key every secret value is sealed with (AES-256-GCM): 32 bytes in base64, as
+    /// `openssl rand -base64 32` prints them. Required.
+    #[arg(long, env = SECRETS_KEY, hide_env_values = true)]
+    pub secrets_key: Option<String>,
+    /// Keys that sealed values before a rotation, comma-separated base64: they only open what
+    /// they sealed, until `plexsphere secrets rekey` has re-sealed it under the current key.
+    #[arg(long, env = SECRETS_OLD_KEYS, hide_env_values = true)]
+    pub secrets_old_keys: Option<String>,
+}
+
+impl SecretsKeys {
+    /// The keyring the knobs name.
+    ///
+    /// # Errors
+    /// When the key is missing or either knob holds something that is not a key; the message
+    /// names the knob and never repeats its value.
+    pub fn keyring(&self) -> Result<secrets::Keyring, ConfigError> {
+        let current = match self.secrets_key.as_deref().map(str::trim) {
+            None | Some("") => {
+                return Err(ConfigError::new(
+                    SECRETS_KEY,
+                    "is required: the key secret values are sealed with; generate one with \
+                     `openssl rand -base64 32`",
+                ))
+            }
+            Some(text) => secrets::SecretsKey::from_base64(text)
+                .map_err(|invalid| ConfigError::new(SECRETS_KEY, invalid.to_string()))?,
+        };
+        let mut old = Vec::new();
+        let listed = self.secrets_old_keys.as_deref().unwrap_or_default();
+        for (position, text) in listed.split(',').map(str::trim).enumerate() {
+            if text.is_empty() {
+                continue;
+            }
+            let key = secrets::SecretsKey::from_base64(text).map_err(|invalid| {
+                ConfigError::new(SECRETS_OLD_KEYS, format!("key {} of the list {invalid}", position + 1))
+            })?;
+            old.push(key);
+        }
+        Ok(secrets::Keyring::new(current, old))
+    }
+}
+
 /// The default budget of each scope, validated.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Limits {
@@ -296,17 +364,73 @@ pub struct HttpLimits {
     pub max_connections: usize,
 }
 
+/// An operator's bearer token and the name it acts under.
+#[derive(Clone)]
+pub struct OperatorCredential {
+    /// Who the token's bearer is, in the audit log and the request log.
+    pub name: audit::Actor,
+    /// The bearer token.
+    pub token: String,
+}
+
+/// Reads the operator tokens from both knobs.
+fn operator_credentials(knobs: &Knobs) -> Result<Vec<OperatorCredential>, ConfigError> {
+    let mut credentials: Vec<OperatorCredential> = Vec::new();
+    let mut add = |knob: &'static str, name: &str, token: &str| -> Result<(), ConfigError> {
+        let name = audit::Actor::operator(name).map_err(|_| {
+            ConfigError::new(knob, format!("operator name {name:?} must be 1 to 64 of A-Z a-z 0-9 . _ -"))
+        })?;
+        // The message names the operator, never the token.
+        if token.chars().count() < OPERATOR_TOKEN_MIN_CHARS {
+            return Err(ConfigError::new(
+                knob,
+                format!("the token of {name} must be at least 16 characters; generate one with `openssl rand -hex 32`"),
+            ));
+        }
+        if credentials.iter().any(|known| known.name == name) {
+            return Err(ConfigError::new(knob, format!("operator {name} is named twice")));
+        }
+        if credentials.iter().any(|known| known.token == token) {
+            return Err(ConfigError::new(knob, format!("the token of {name} is another operator's too")));
+        }
+        credentials.push(OperatorCredential { name, token: token.to_owned() });
+        Ok(())
+    };
+    if let Some(token) = knobs.operator_token.as_deref().map(str::trim).filter(|token| !token.is_empty()) {
+        add(OPERATOR_TOKEN, SINGLE_OPERATOR_NAME, token)?;
+    }
+    for entry in knobs.operator_tokens.as_deref().unwrap_or_default().split(',').map(str::trim) {
+        if entry.is_empty() {
+            continue;
+        }
+        let Some((name, token)) = entry.split_once(':') else {
+            return Err(ConfigError::new(OPERATOR_TOKENS, "every entry must be name:token"));
+        };
+        add(OPERATOR_TOKENS, name.trim(), token.trim())?;
+    }
+    if credentials.is_empty() {
+        return Err(ConfigError::new(
+            OPERATOR_TOKENS,
+            format!("no operator token: set {OPERATOR_TOKENS} (name:token,...) or {OPERATOR_TOKEN}"),
+        ));
+    }
+    Ok(credentials)
+}
+
 /// Everything the process reads from its environment, validated.
 ///
-/// Its `Debug` leaves out the operator token and the database password.
+/// Its `Debug` leaves out the operator tokens, the keys and the database password.
 #[derive(Clone)]
 pub struct Config {
     /// The shared database.
     pub database: PgConnectOptions,
     /// Where the HTTP API listens.
     pub listen: SocketAddr,
-    /// The operator routes' bearer token.
-    pub operator_token: String,
+    /// The operator routes' bearer tokens, each with the name it acts under; `Debug` shows the
+    /// names only.
+    pub operators: Vec<OperatorCredential>,
+    /// The keys secret values are sealed and opened with; `Debug` shows their ids only.
+    pub keyring: secrets::Keyring,
     /// The default budgets.
     pub limits: Limits,
     /// How often the leader sweeps idle buckets.
@@ -340,7 +464,11 @@ impl std::fmt::Debug for Config {
             .field("database_port", &self.database.get_port())
             .field("database_name", &self.database.get_database())
             .field("listen", &self.listen)
-            .field("operator_token", &"<redacted>")
+            .field(
+                "operators",
+                &self.operators.iter().map(|operator| operator.name.as_str()).collect::<Vec<_>>(),
+            )
+            .field("keyring", &self.keyring)
             .field("limits", &self.limits)
             .field("sweep_interval", &self.sweep_interval)
             .field("database_timeout", &self.database_timeout)
@@ -386,13 +514,9 @@ impl Config {
         let database = PgConnectOptions::from_str(url)
             .map_err(|error| ConfigError::new(DATABASE_URL, format!("not a PostgreSQL URL: {error}")))?;
 
-        let operator_token = knobs.operator_token.trim().to_owned();
-        if operator_token.len() < 16 {
-            return Err(ConfigError::new(
-                OPERATOR_TOKEN,
-                "must be at least 16 characters; generate one with `openssl rand -hex 32`",
-            ));
-        }
+        let operators = operator_credentials(knobs)?;
+
+        let keyring = knobs.secrets_keys.keyring()?;
 
         let listen = knobs
             .listen
@@ -474,7 +598,8 @@ impl Config {
         Ok(Config {
             database,
             listen,
-            operator_token,
+            operators,
+            keyring,
             limits,
             sweep_interval: Duration::from_secs(knobs.sweep_interval_secs),
             database_timeout: Duration::from_millis(knobs.database_timeout_ms),

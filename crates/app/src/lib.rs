@@ -9,6 +9,7 @@ pub mod http;
 pub mod leader;
 pub mod limits;
 pub mod metrics;
+pub mod revocations;
 pub mod startup;
 pub mod sweep;
 pub mod telemetry;

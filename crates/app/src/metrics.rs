@@ -87,6 +87,7 @@ type PoolProbe = Box<dyn Fn() -> (usize, Option<usize>) + Send + Sync>;
 pub struct Metrics {
     registry: Arc<Registry>,
     leader: Gauge,
+    revocations_listening: Gauge,
     decisions: Family<DecisionLabels, Counter>,
     named_decisions: Family<NamedLabels, Counter>,
     take_duration: Family<ScopeLabels, Histogram>,
@@ -114,6 +115,12 @@ impl Metrics {
             "leader",
             "1 on the replica that runs the background loops, 0 on the others",
             leader.clone(),
+        );
+        let revocations_listening = Gauge::default();
+        registry.register(
+            "revocation_listener_connected",
+            "1 while revocations reach this replica's credential cache, 0 while it is bypassed",
+            revocations_listening.clone(),
         );
         let decisions = Family::<DecisionLabels, Counter>::default();
         registry.register(
@@ -174,6 +181,7 @@ impl Metrics {
         Metrics {
             registry: Arc::new(registry),
             leader,
+            revocations_listening,
             decisions,
             named_decisions,
             take_duration,
@@ -185,6 +193,11 @@ impl Metrics {
             swept_rows,
             clock_offset,
         }
+    }
+
+    /// Records whether the revocation listener is connected (and the credential cache in use).
+    pub fn set_revocations_listening(&self, listening: bool) {
+        self.revocations_listening.set(i64::from(listening));
     }
 
     /// Records whether this replica leads.

@@ -15,11 +15,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::{self, ClockStatus, TimeSource};
 use crate::config::Config;
-use crate::http::{self, AppState, CredentialCache, OperatorToken};
+use crate::http::{self, AppState, CredentialCache, OperatorTokens};
 use crate::leader::{self, LeaderTiming, Leadership};
 use crate::limits::{ClockGate, DecisionObserver};
 use crate::metrics::Metrics;
-use crate::sweep;
+use crate::{revocations, sweep};
 
 /// How many Node credentials a replica keeps authenticated at once.
 const CREDENTIAL_CACHE_CAPACITY: usize = 100_000;
@@ -59,6 +59,7 @@ pub struct Application {
     sweeper: JoinHandle<()>,
     clock: JoinHandle<()>,
     resets: JoinHandle<()>,
+    revocations: JoinHandle<()>,
     limiter_store: Store,
 }
 
@@ -125,14 +126,16 @@ impl Application {
         // Takes decide through the clock gate, then the guard, then the store.
         let decider: Arc<dyn Decider> =
             Arc::new(ClockGate::new(guard.clone(), time.status.clone(), metrics.clone()));
+        let credentials = CredentialCache::new(CREDENTIAL_CACHE_CAPACITY);
         let state = AppState {
             access: bind_access(&config, &api_pool, &decider, &time),
             secrets: bind_secrets(&config, &api_pool, &decider, &time),
             ingest: bind_ingest(&config, &api_pool, &decider, &time),
             budgets: store.clone(),
             guard: guard.clone(),
-            operator_token: OperatorToken::new(&config.operator_token),
-            credentials: CredentialCache::new(CREDENTIAL_CACHE_CAPACITY),
+            operator_tokens: OperatorTokens::new(&config.operators),
+            audit: Arc::new(audit::PgAuditLog::new(api_pool.clone())),
+            credentials: credentials.clone(),
             readiness: http::probes::Readiness::new(api_pool.clone(), config.database_timeout),
             throttle: http::throttle::AuthThrottle::new(
                 decider.clone(),
@@ -179,6 +182,12 @@ impl Application {
             config.sweep_interval,
             shutdown.clone(),
         ));
+        let revocations = tokio::spawn(revocations::run(
+            config.database.clone(),
+            credentials,
+            metrics.clone(),
+            shutdown.clone(),
+        ));
         tracing::info!(%local_addr, "serving");
         Ok(Application {
             local_addr,
@@ -190,6 +199,7 @@ impl Application {
             sweeper,
             clock: time.task,
             resets,
+            revocations,
             limiter_store: store,
         })
     }
@@ -227,11 +237,12 @@ impl Application {
             mut sweeper,
             mut clock,
             mut resets,
+            mut revocations,
             limiter_store,
             ..
         } = self;
-        let (mut server_result, mut elector_done, mut sweeper_done, mut clock_done, mut resets_done) =
-            (None, false, false, false, false);
+        let (mut server_result, mut elector_done, mut sweeper_done) = (None, false, false);
+        let (mut clock_done, mut resets_done, mut revocations_done) = (false, false, false);
         tokio::select! {
             // Shutdown first: once it is cancelled every task ends, and that is not news.
             biased;
@@ -256,6 +267,10 @@ impl Application {
                 tracing::error!("the rate-budget reset listener stopped on its own");
                 resets_done = true;
             }
+            _ = &mut revocations => {
+                tracing::error!("the revocation listener stopped on its own");
+                revocations_done = true;
+            }
         }
         shutdown.cancel();
         let server_result = match server_result {
@@ -276,6 +291,9 @@ impl Application {
         }
         if !resets_done {
             let _ = resets.await;
+        }
+        if !revocations_done {
+            let _ = revocations.await;
         }
         // No request is in flight any more: say goodbye to the server on the take connections.
         limiter_store.close().await;
@@ -370,7 +388,11 @@ fn bind_secrets(
         config.limits.secret_read_node,
         config.limits.secret_read_domain,
     );
-    secrets::SecretsService::new(Arc::new(secrets::PgSecretRepository::new(pool.clone())), Arc::new(limiter))
+    secrets::SecretsService::new(
+        Arc::new(secrets::PgSecretRepository::new(pool.clone())),
+        Arc::new(limiter),
+        Arc::new(config.keyring.clone()),
+    )
 }
 
 fn bind_ingest(

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::{OpenError, SecretRef};
+
 /// Any error from outside the context, kept as the source of an `Unavailable` variant.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -64,5 +66,26 @@ pub enum ReadError {
     },
     /// The limiter or the secret store could not answer; this is not a refusal.
     #[error("secret could not be read")]
+    Unavailable(#[source] BoxError),
+    /// The stored value did not open: its key is not in the keyring, or it was altered or
+    /// copied from another row. The store answered; what it holds is not this secret.
+    #[error("secret could not be opened")]
+    Unreadable(#[source] OpenError),
+}
+
+/// Why re-sealing stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RekeyError {
+    /// A stored value did not open, so it cannot be re-sealed; nothing after it was touched.
+    #[error("secret {name} of domain {domain} could not be opened", domain = .secret.domain, name = .secret.name)]
+    Unreadable {
+        /// Which secret.
+        secret: SecretRef,
+        /// Why it did not open.
+        #[source]
+        source: OpenError,
+    },
+    /// The secret store could not answer.
+    #[error("secrets could not be re-sealed")]
     Unavailable(#[source] BoxError),
 }

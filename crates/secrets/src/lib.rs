@@ -14,7 +14,12 @@
 //! - A refused read ([`ReadError::NodeRateLimited`], [`ReadError::DomainRateLimited`]) and a
 //!   limiter or store that could not answer ([`ReadError::Unavailable`]) are different errors,
 //!   and neither is ever reported as the other.
-//! - A secret's value never appears in `Debug` output.
+//! - A value is stored sealed ([`seal`](Keyring)): AES-256-GCM under the keyring's current
+//!   key, with the key's id beside it and the Domain and name as associated data, so the store
+//!   never holds a value in the clear and a value copied to another row does not open. Rows
+//!   written before sealing existed read as they are until [`SecretsService::rekey_batch`]
+//!   seals them; rekey also moves values from old keys to the current one.
+//! - A secret's value and a key never appear in `Debug` output.
 //!
 //! Only [`persistence`](PgSecretRepository) names SQL or the rate-budget store; the model,
 //! ports and service build and test without a database.
@@ -23,10 +28,14 @@ mod error;
 mod model;
 mod persistence;
 mod ports;
+mod seal;
 mod service;
 
-pub use error::{BoxError, ReadError, ReadLimitError, RepositoryError, WriteError};
-pub use model::{DomainId, InvalidInput, NodeId, Reader, Secret, SecretName, SecretValue};
+pub use error::{BoxError, ReadError, ReadLimitError, RekeyError, RepositoryError, WriteError};
+pub use model::{
+    DomainId, InvalidInput, NodeId, Reader, Secret, SecretName, SecretRef, SecretValue, StoredSecret,
+};
 pub use persistence::{PgSecretRepository, RateBudgetReadLimiter};
 pub use ports::{Limiter, SecretRepository};
-pub use service::SecretsService;
+pub use seal::{InvalidKey, KeyId, Keyring, OpenError, Sealed, SecretsKey, StoredValue};
+pub use service::{RekeyBatch, SecretsService};

@@ -161,6 +161,24 @@ pub struct Reader {
     pub domain: DomainId,
 }
 
+/// Which secret: a Domain and a name within it. Where `rekey` resumes, too.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SecretRef {
+    /// The Domain the secret belongs to.
+    pub domain: DomainId,
+    /// Its name within the Domain.
+    pub name: SecretName,
+}
+
+/// A secret as the store holds it, sealed or (written before sealing) in plain text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredSecret {
+    /// Which secret.
+    pub secret: SecretRef,
+    /// Its value as stored.
+    pub value: crate::StoredValue,
+}
+
 /// A named secret as a Node reads it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Secret {

@@ -6,25 +6,59 @@
 use ratebudget::{Decision, Limit, PairBudget, Refusal, Scope, Spender, Which};
 use sqlx::PgPool;
 
+use uuid::Uuid;
+
 use crate::{
-    DomainId, Limiter, ReadLimitError, Reader, RepositoryError, SecretName, SecretRepository, SecretValue,
+    DomainId, KeyId, Limiter, ReadLimitError, Reader, RepositoryError, Sealed, SecretName, SecretRef,
+    SecretRepository, SecretValue, StoredSecret, StoredValue,
 };
 
 /// What one read costs from each of its two budgets.
 const READ_COST: f64 = 1.0;
 
+/// Every write seals: the plain-text column is cleared, so a row written before sealing and
+/// then overwritten holds no trace of its old value.
 const PUT: &str = "\
-INSERT INTO plexsphere.secrets (domain_id, name, value, updated_at)
-VALUES ($1, $2, $3, now())
+INSERT INTO plexsphere.secrets (domain_id, name, value, key_id, nonce, ciphertext, updated_at)
+VALUES ($1, $2, NULL, $3, $4, $5, now())
 ON CONFLICT (domain_id, name) DO UPDATE
-SET value = EXCLUDED.value,
+SET value = NULL,
+    key_id = EXCLUDED.key_id,
+    nonce = EXCLUDED.nonce,
+    ciphertext = EXCLUDED.ciphertext,
     updated_at = EXCLUDED.updated_at";
 
 const GET: &str = "\
-SELECT value
+SELECT value, key_id, nonce, ciphertext
 FROM plexsphere.secrets
 WHERE domain_id = $1
   AND name = $2";
+
+/// Secrets not sealed under the key `$1` (plain-text rows have no key id), in primary-key
+/// order after the cursor `($2, $3)` when one is given.
+const NOT_SEALED_UNDER: &str = "\
+SELECT domain_id, name, value, key_id, nonce, ciphertext
+FROM plexsphere.secrets
+WHERE key_id IS DISTINCT FROM $1
+  AND ($2::uuid IS NULL OR (domain_id, name) > ($2, $3))
+ORDER BY domain_id, name
+LIMIT $4";
+
+/// Compare-and-set on the nonce (unique to each sealing) or, for a plain-text row, the value:
+/// a row a write replaced since it was read is left as that write made it.
+const REPLACE: &str = "\
+UPDATE plexsphere.secrets
+SET value = NULL,
+    key_id = $3,
+    nonce = $4,
+    ciphertext = $5
+WHERE domain_id = $1
+  AND name = $2
+  AND nonce IS NOT DISTINCT FROM $6
+  AND value IS NOT DISTINCT FROM $7";
+
+/// A row of `plexsphere.secrets` as stored: the plain-text value, or the sealed columns.
+type ValueColumns = (Option<String>, Option<String>, Option<Vec<u8>>, Option<Vec<u8>>);
 
 /// The secret store on `plexsphere.secrets`.
 #[derive(Clone, Debug)]
@@ -39,36 +73,95 @@ impl PgSecretRepository {
     }
 }
 
+fn unavailable(error: impl Into<crate::BoxError>) -> RepositoryError {
+    RepositoryError(error.into())
+}
+
+/// The value a row holds. The table's CHECKs hold the same rules, so a row failing them means
+/// the table is not what this build expects: the store is broken, the secret is not absent.
+fn stored_value((value, key_id, nonce, ciphertext): ValueColumns) -> Result<StoredValue, RepositoryError> {
+    match (value, key_id, nonce, ciphertext) {
+        (Some(value), None, None, None) => {
+            Ok(StoredValue::Plaintext(SecretValue::new(value).map_err(unavailable)?))
+        }
+        (None, Some(key_id), Some(nonce), Some(ciphertext)) => {
+            let key_id = KeyId::parse(&key_id).map_err(unavailable)?;
+            Ok(StoredValue::Sealed(Sealed::new(key_id, &nonce, ciphertext).map_err(unavailable)?))
+        }
+        _ => Err(unavailable("secret row is neither sealed nor plain text")),
+    }
+}
+
 #[async_trait::async_trait]
 impl SecretRepository for PgSecretRepository {
     #[tracing::instrument(level = "debug", skip_all, fields(%domain, name = %name))]
-    async fn put(
-        &self,
-        domain: DomainId,
-        name: &SecretName,
-        value: &SecretValue,
-    ) -> Result<(), RepositoryError> {
+    async fn put(&self, domain: DomainId, name: &SecretName, sealed: &Sealed) -> Result<(), RepositoryError> {
         sqlx::query(PUT)
             .bind(domain.as_uuid())
             .bind(name.as_str())
-            .bind(value.expose())
+            .bind(sealed.key_id().as_str())
+            .bind(&sealed.nonce()[..])
+            .bind(sealed.ciphertext())
             .execute(&self.pool)
             .await
-            .map_err(|error| RepositoryError(error.into()))?;
+            .map_err(unavailable)?;
         Ok(())
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(%domain, name = %name))]
-    async fn get(&self, domain: DomainId, name: &SecretName) -> Result<Option<SecretValue>, RepositoryError> {
-        let stored: Option<String> = sqlx::query_scalar(GET)
+    async fn get(&self, domain: DomainId, name: &SecretName) -> Result<Option<StoredValue>, RepositoryError> {
+        let row: Option<ValueColumns> = sqlx::query_as(GET)
             .bind(domain.as_uuid())
             .bind(name.as_str())
             .fetch_optional(&self.pool)
             .await
-            .map_err(|error| RepositoryError(error.into()))?;
-        // The table's CHECK holds the value rule, so a stored value that fails it means the
-        // table is not what this build expects: the store is broken, the secret is not absent.
-        stored.map(SecretValue::new).transpose().map_err(|invalid| RepositoryError(invalid.into()))
+            .map_err(unavailable)?;
+        row.map(stored_value).transpose()
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(key = %key, limit))]
+    async fn not_sealed_under<'a>(
+        &self,
+        key: &KeyId,
+        after: Option<&'a SecretRef>,
+        limit: usize,
+    ) -> Result<Vec<StoredSecret>, RepositoryError> {
+        let rows: Vec<(Uuid, String, Option<String>, Option<String>, Option<Vec<u8>>, Option<Vec<u8>>)> =
+            sqlx::query_as(NOT_SEALED_UNDER)
+                .bind(key.as_str())
+                .bind(after.map(|after| after.domain.as_uuid()))
+                .bind(after.map(|after| after.name.as_str()))
+                .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                .fetch_all(&self.pool)
+                .await
+                .map_err(unavailable)?;
+        rows.into_iter()
+            .map(|(domain, name, value, key_id, nonce, ciphertext)| {
+                let name = SecretName::parse(name).map_err(unavailable)?;
+                let value = stored_value((value, key_id, nonce, ciphertext))?;
+                Ok(StoredSecret { secret: SecretRef { domain: domain.into(), name }, value })
+            })
+            .collect()
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(domain = %stored.secret.domain, name = %stored.secret.name))]
+    async fn replace(&self, stored: &StoredSecret, sealed: &Sealed) -> Result<bool, RepositoryError> {
+        let (expected_nonce, expected_value) = match &stored.value {
+            StoredValue::Sealed(old) => (Some(&old.nonce()[..]), None),
+            StoredValue::Plaintext(value) => (None, Some(value.expose())),
+        };
+        let replaced = sqlx::query(REPLACE)
+            .bind(stored.secret.domain.as_uuid())
+            .bind(stored.secret.name.as_str())
+            .bind(sealed.key_id().as_str())
+            .bind(&sealed.nonce()[..])
+            .bind(sealed.ciphertext())
+            .bind(expected_nonce)
+            .bind(expected_value)
+            .execute(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        Ok(replaced.rows_affected() == 1)
     }
 }
 

@@ -4,9 +4,23 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::{
-    DomainId, Limiter, ReadError, ReadLimitError, Reader, Secret, SecretName, SecretRepository, SecretValue,
-    WriteError,
+    DomainId, Keyring, Limiter, ReadError, ReadLimitError, Reader, RekeyError, Secret, SecretName, SecretRef,
+    SecretRepository, SecretValue, StoredValue, WriteError,
 };
+
+/// What one batch of [`SecretsService::rekey_batch`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RekeyBatch {
+    /// Values moved from an old key to the current one.
+    pub resealed: usize,
+    /// Values written before sealing, now sealed.
+    pub sealed_from_plaintext: usize,
+    /// Values a write replaced while the batch ran; that write sealed them under the current
+    /// key already.
+    pub replaced_meanwhile: usize,
+    /// Where the next batch starts; `None` when this one reached the end.
+    pub next: Option<SecretRef>,
+}
 
 /// Writes and reads secrets through the context's ports.
 ///
@@ -15,6 +29,7 @@ use crate::{
 pub struct SecretsService {
     repository: Arc<dyn SecretRepository>,
     limiter: Arc<dyn Limiter>,
+    keyring: Arc<Keyring>,
 }
 
 impl fmt::Debug for SecretsService {
@@ -24,12 +39,18 @@ impl fmt::Debug for SecretsService {
 }
 
 impl SecretsService {
-    /// A service keeping secrets in `repository` and admitting reads through `limiter`.
-    pub fn new(repository: Arc<dyn SecretRepository>, limiter: Arc<dyn Limiter>) -> SecretsService {
-        SecretsService { repository, limiter }
+    /// A service keeping secrets in `repository`, sealed with `keyring`, and admitting reads
+    /// through `limiter`.
+    pub fn new(
+        repository: Arc<dyn SecretRepository>,
+        limiter: Arc<dyn Limiter>,
+        keyring: Arc<Keyring>,
+    ) -> SecretsService {
+        SecretsService { repository, limiter, keyring }
     }
 
-    /// Stores `value` as `domain`'s secret `name`, replacing any value it had.
+    /// Stores `value` as `domain`'s secret `name`, sealed under the keyring's current key,
+    /// replacing any value it had.
     ///
     /// Writes come from operators and are not rate limited. The caller checks that `domain`
     /// exists: Domains belong to the access context, which this one does not see.
@@ -43,8 +64,9 @@ impl SecretsService {
         name: SecretName,
         value: SecretValue,
     ) -> Result<(), WriteError> {
+        let sealed = self.keyring.seal(domain, &name, &value);
         self.repository
-            .put(domain, &name, &value)
+            .put(domain, &name, &sealed)
             .await
             .map_err(|error| WriteError::Unavailable(error.into()))
     }
@@ -60,6 +82,7 @@ impl SecretsService {
     ///   refused the read; nothing was looked up.
     /// - [`ReadError::NotFound`] when the reader's Domain holds no secret `name`.
     /// - [`ReadError::Unavailable`] when the limiter or the store could not answer.
+    /// - [`ReadError::Unreadable`] when the stored value does not open.
     #[tracing::instrument(level = "debug", skip_all, fields(node = %reader.node, domain = %reader.domain, name = %name))]
     pub async fn read(&self, reader: Reader, name: &SecretName) -> Result<Secret, ReadError> {
         self.limiter.spend_read(reader).await.map_err(|error| match error {
@@ -68,10 +91,57 @@ impl SecretsService {
             ReadLimitError::Unavailable(source) => ReadError::Unavailable(source),
         })?;
         match self.repository.get(reader.domain, name).await {
-            Ok(Some(value)) => Ok(Secret { name: name.clone(), value }),
+            Ok(Some(stored)) => {
+                let value = self.keyring.open(reader.domain, name, &stored).map_err(ReadError::Unreadable)?;
+                Ok(Secret { name: name.clone(), value })
+            }
             Ok(None) => Err(ReadError::NotFound),
             Err(error) => Err(ReadError::Unavailable(error.into())),
         }
+    }
+
+    /// Re-seals under the current key up to `limit` secrets that are not sealed under it
+    /// (sealed under an old key, or written in plain text before sealing), in (Domain, name)
+    /// order after `after`. Call it again with the batch's `next` until that is `None`.
+    ///
+    /// Each value is replaced only if it is still what was read, so a write racing the batch
+    /// is never undone. Batches keep each round trip and each run of work short, and let a
+    /// rekey that stopped resume where it was.
+    ///
+    /// # Errors
+    /// - [`RekeyError::Unreadable`] when a value does not open (its key is not in the keyring,
+    ///   or it was altered); the values before it in the batch are re-sealed, none after it.
+    /// - [`RekeyError::Unavailable`] when the store could not answer.
+    #[tracing::instrument(level = "debug", skip_all, fields(limit))]
+    pub async fn rekey_batch(
+        &self,
+        after: Option<&SecretRef>,
+        limit: usize,
+    ) -> Result<RekeyBatch, RekeyError> {
+        let unavailable = |error: crate::RepositoryError| RekeyError::Unavailable(error.into());
+        let current = self.keyring.current_key_id();
+        let stale = self.repository.not_sealed_under(current, after, limit).await.map_err(unavailable)?;
+        let mut batch =
+            RekeyBatch { resealed: 0, sealed_from_plaintext: 0, replaced_meanwhile: 0, next: None };
+        for stored in &stale {
+            let secret = &stored.secret;
+            let value = self
+                .keyring
+                .open(secret.domain, &secret.name, &stored.value)
+                .map_err(|source| RekeyError::Unreadable { secret: secret.clone(), source })?;
+            let sealed = self.keyring.seal(secret.domain, &secret.name, &value);
+            if !self.repository.replace(stored, &sealed).await.map_err(unavailable)? {
+                batch.replaced_meanwhile += 1;
+            } else if matches!(stored.value, StoredValue::Plaintext(_)) {
+                batch.sealed_from_plaintext += 1;
+            } else {
+                batch.resealed += 1;
+            }
+        }
+        if stale.len() >= limit {
+            batch.next = stale.last().map(|stored| stored.secret.clone());
+        }
+        Ok(batch)
     }
 }
 

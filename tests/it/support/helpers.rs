@@ -35,6 +35,12 @@ pub(crate) struct FreshDatabase {
 
 impl FreshDatabase {
     pub(crate) async fn create() -> (FreshDatabase, PgPool) {
+        FreshDatabase::create_before(i64::MAX).await
+    }
+
+    /// A database migrated only up to (not including) migration `version`: as a build before
+    /// that migration left it, for tests of what the migration does to existing rows.
+    pub(crate) async fn create_before(version: i64) -> (FreshDatabase, PgPool) {
         let admin_url = std::env::var("DATABASE_URL").expect("DATABASE_URL names the test cluster");
         let name = format!("plexsphere_test_{}", uuid::Uuid::new_v4().simple());
         let mut admin = PgConnection::connect(&admin_url).await.unwrap();
@@ -42,7 +48,15 @@ impl FreshDatabase {
         admin.close().await.unwrap();
         let pool =
             PgPoolOptions::new().max_connections(4).connect(&database_url(&admin_url, &name)).await.unwrap();
-        app::MIGRATOR.run(&pool).await.unwrap();
+        let earlier = sqlx::migrate::Migrator {
+            migrations: app::MIGRATOR
+                .iter()
+                .filter(|migration| migration.version < version)
+                .cloned()
+                .collect(),
+            ..sqlx::migrate::Migrator::DEFAULT
+        };
+        earlier.run(&pool).await.unwrap();
         (FreshDatabase { name, admin_url }, pool)
     }
 

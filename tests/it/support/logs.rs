@@ -28,6 +28,25 @@ impl Logs {
         .clone()
     }
 
+    /// A capture of every line this thread's code logs at `level` or above, for as long as the
+    /// guard lives, apart from the process's capture. A test on a current-thread runtime (as
+    /// `#[sqlx::test]` is) sees its replicas' lines too, since their tasks run on its thread.
+    pub(crate) fn capture_this_thread(level: tracing::Level) -> (Logs, tracing::subscriber::DefaultGuard) {
+        let logs = Logs::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(level)
+            .with_ansi(false)
+            .with_writer(logs.clone())
+            .finish();
+        let guard = tracing::subscriber::set_default(subscriber);
+        (logs, guard)
+    }
+
+    /// Everything captured.
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())).into_owned()
+    }
+
     /// Every line that contains `needle`.
     pub(crate) fn lines_with(&self, needle: &str) -> Vec<String> {
         let bytes = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use sqlx::postgres::PgConnectOptions;
 
-use super::replicas::{Api, OPERATOR_TOKEN};
+use super::replicas::{Api, OPERATOR_TOKEN, SECRETS_KEY};
 
 /// The binary tests/Cargo.toml builds from `app::cli::main`.
 const BINARY: &str = env!("CARGO_BIN_EXE_plexsphere-under-test");
@@ -31,6 +31,7 @@ impl Launch {
         let env = [
             ("DATABASE_URL", database),
             ("PLEXSPHERE_OPERATOR_TOKEN", OPERATOR_TOKEN),
+            ("PLEXSPHERE_SECRETS_KEY", SECRETS_KEY),
             ("PLEXSPHERE_LISTEN", "127.0.0.1:0"),
             ("RUST_LOG", "info"),
             ("NO_COLOR", "1"),

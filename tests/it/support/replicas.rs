@@ -17,6 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 pub(crate) const OPERATOR_TOKEN: &str = "operator-token-for-tests-0123456789";
 
+/// The tests' secrets key: base64 of 32 bytes of 0x42.
+pub(crate) const SECRETS_KEY: &str = "QkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkI=";
+
 /// Leader timing for tests: elections in a tenth of a second instead of seconds.
 pub(crate) const FAST_LEADER: LeaderTiming = LeaderTiming {
     retry: Duration::from_millis(100),
@@ -30,6 +33,7 @@ pub(crate) fn config(database: &PgConnectOptions, knobs: &[(&str, &str)]) -> Con
         // Parsed and then replaced by the test's own database below.
         (config::DATABASE_URL, "postgres://postgres@127.0.0.1:5432/postgres"),
         (config::OPERATOR_TOKEN, OPERATOR_TOKEN),
+        (config::SECRETS_KEY, SECRETS_KEY),
         (config::LISTEN, "127.0.0.1:0"),
         (config::DATABASE_TIMEOUT_MS, "1000"),
         // Tests run debug builds side by side on two cores: the production 250 ms would turn
@@ -46,9 +50,9 @@ pub(crate) fn config(database: &PgConnectOptions, knobs: &[(&str, &str)]) -> Con
 #[derive(Debug)]
 pub(crate) struct Answer {
     pub(crate) status: StatusCode,
+    pub(crate) headers: reqwest::header::HeaderMap,
     pub(crate) retry_after: Option<u64>,
     pub(crate) body: Value,
-    pub(crate) headers: reqwest::header::HeaderMap,
 }
 
 impl Answer {
@@ -162,11 +166,11 @@ impl Api {
         }
         let response = request.send().await.unwrap();
         let status = response.status();
+        let headers = response.headers().clone();
         let retry_after = response
             .headers()
             .get(reqwest::header::RETRY_AFTER)
             .map(|value| value.to_str().unwrap().parse().unwrap());
-        let headers = response.headers().clone();
         let bytes = response.bytes().await.unwrap();
         let body = if bytes.is_empty() {
             Value::Null
@@ -174,7 +178,23 @@ impl Api {
             serde_json::from_slice(&bytes)
                 .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
         };
-        Answer { status, retry_after, body, headers }
+        Answer { status, headers, retry_after, body }
+    }
+
+    /// A request with exactly these headers besides the client's own (a header named twice is
+    /// sent twice), for tests of hostile or ambiguous headers.
+    pub(crate) async fn request_with_headers(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<Vec<u8>>,
+    ) -> Answer {
+        let mut request = self.client.request(method, format!("{}{path}", self.base));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        self.send(request, None, body).await
     }
 
     pub(crate) async fn operator(&self, method: Method, path: &str, body: Option<Value>) -> Answer {
@@ -222,12 +242,17 @@ impl Api {
 
     /// The value of the `plexsphere_leader` gauge this replica exposes.
     pub(crate) async fn leader_gauge(&self) -> i64 {
+        self.gauge("plexsphere_leader").await
+    }
+
+    /// The value of a gauge this replica exposes.
+    pub(crate) async fn gauge(&self, name: &str) -> i64 {
         let answer = self.get("/metrics", None).await;
         let text = answer.body.as_str().unwrap().to_owned();
         text.lines()
-            .find_map(|line| line.strip_prefix("plexsphere_leader "))
+            .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
             .map(|value| value.trim().parse().unwrap())
-            .expect("the metrics name plexsphere_leader")
+            .unwrap_or_else(|| panic!("the metrics name {name}"))
     }
 }
 

@@ -36,6 +36,37 @@ fn names_must_not_contain_control_characters() {
 }
 
 #[test]
+fn names_refuse_invisible_and_bidi_override_characters() {
+    let invisible = InvalidInput {
+        field: "name",
+        reason: "must not contain invisible characters (format, bidi, zero-width, variation selectors)",
+    };
+    for sneaky in [
+        "admin\u{200B}",         // zero-width space
+        "ad\u{200D}min",         // zero-width joiner
+        "\u{202E}nimda",         // right-to-left override
+        "edge\u{2066}1\u{2069}", // isolates
+        "\u{FEFF}edge",          // byte-order mark
+        "ed\u{00AD}ge",          // soft hyphen
+        "edge\u{FE0F}",          // variation selector
+        "edge\u{E0041}",         // tag character
+        "edge\u{3164}",          // Hangul filler
+        "edge\u{2028}1",         // line separator
+    ] {
+        check_name(sneaky, Err(invisible));
+    }
+    // Visible text of any script stays welcome.
+    check_name("édge-東京-αβγ-مرحبا", Ok("édge-東京-αβγ-مرحبا"));
+}
+
+#[test]
+fn the_invisible_ranges_are_sorted_and_disjoint() {
+    for pair in INVISIBLE.windows(2) {
+        assert!(pair[0].0 <= pair[0].1 && pair[0].1 < pair[1].0, "{pair:?}");
+    }
+}
+
+#[test]
 fn invalid_input_reads_as_field_then_reason() {
     assert_eq!(TOO_LONG.to_string(), "invalid name: must be 1 to 100 characters");
 }

@@ -251,3 +251,25 @@ async fn create_domain_against_a_store_that_cannot_answer_is_unavailable() {
 
     assert!(matches!(result, Err(CreateDomainError::Unavailable(_))), "{result:?}");
 }
+
+#[tokio::test]
+async fn revoking_deletes_the_domains_node_and_an_unknown_one_is_named() {
+    let (domain_id, node_id) = (DomainId::random(), NodeId::random());
+    let mut repository = MockAccessRepository::new();
+    repository
+        .expect_delete_node()
+        .withf(move |domain, node| *domain == domain_id && *node == node_id)
+        .times(1)
+        .returning(|_, _| Ok(true));
+    repository.expect_delete_node().times(1).returning(|_, _| Ok(false));
+    repository.expect_delete_node().times(1).returning(|_, _| Err(store_down()));
+    let service = service(repository, MockLimiter::new());
+    service.revoke_node(domain_id, node_id).await.unwrap();
+    let unknown = service.revoke_node(domain_id, node_id).await.unwrap_err();
+    assert!(
+        matches!(unknown, RevokeError::UnknownNode { domain, node } if domain == domain_id && node == node_id),
+        "{unknown:?}"
+    );
+    let down = service.revoke_node(domain_id, node_id).await.unwrap_err();
+    assert!(matches!(down, RevokeError::Unavailable(_)), "{down:?}");
+}

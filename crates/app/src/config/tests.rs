@@ -1,7 +1,15 @@
 use super::*;
 
-const REQUIRED: [(&str, &str); 2] =
-    [(DATABASE_URL, "postgres://postgres@127.0.0.1:5432/postgres"), (OPERATOR_TOKEN, "0123456789abcdef0123")];
+/// Base64 of 32 bytes of 0x11.
+const KEY: &str = "ERERERERERERERERERERERERERERERERERERERERERE=";
+/// Base64 of 32 bytes of 0x22.
+const OLD_KEY: &str = "IiIiIiIiIiIiIiIiIiIiIiIiIiIiIiIiIiIiIiIiIiI=";
+
+const REQUIRED: [(&str, &str); 3] = [
+    (DATABASE_URL, "postgres://postgres@127.0.0.1:5432/postgres"),
+    (OPERATOR_TOKEN, "0123456789abcdef0123"),
+    (SECRETS_KEY, KEY),
+];
 
 fn parse(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
     let knobs = Knobs::from_pairs(REQUIRED.iter().chain(pairs).copied()).expect("knobs parse");
@@ -88,8 +96,8 @@ fn values_that_do_not_parse_are_named_by_the_parser() {
         .unwrap()
         .to_string();
     assert!(error.contains("secret-read-domain-burst") && error.contains("lots"), "{error}");
-    let missing = Knobs::from_pairs([(DATABASE_URL, "postgres://x/y")]).err().unwrap().to_string();
-    assert!(missing.contains("operator-token"), "{missing}");
+    let missing = Knobs::from_pairs([(SECRETS_KEY, KEY)]).err().unwrap().to_string();
+    assert!(missing.contains("database-url"), "{missing}");
 }
 
 #[test]
@@ -116,4 +124,103 @@ fn debug_does_not_show_the_operator_token_or_the_database_password() {
     assert!(!shown.contains("0123456789abcdef0123"), "{shown}");
     assert!(!shown.contains("pa55word"), "{shown}");
     assert!(shown.contains("db.internal"), "{shown}");
+}
+
+#[test]
+fn the_secrets_key_is_required_and_must_be_32_bytes_of_base64() {
+    let missing =
+        Knobs::from_pairs(REQUIRED.iter().copied().filter(|(knob, _)| *knob != SECRETS_KEY)).unwrap();
+    let error = Config::from_knobs(&missing).unwrap_err();
+    assert_eq!(error.knob, SECRETS_KEY);
+    assert!(error.to_string().contains("openssl rand -base64 32"), "{error}");
+    for bad in ["", "not base64!", "c2hvcnQ=", "ERERERERERERERERERERERERERERERERERERERERERE"] {
+        rejects(&[(SECRETS_KEY, bad)], SECRETS_KEY);
+    }
+    rejects(&[(SECRETS_OLD_KEYS, &format!("{OLD_KEY},short"))], SECRETS_OLD_KEYS);
+}
+
+#[test]
+fn old_keys_are_a_comma_separated_list_and_open_what_they_sealed() {
+    let config = parse(&[(SECRETS_OLD_KEYS, &format!(" {OLD_KEY} ,,{KEY}"))]).unwrap();
+    let current = secrets::SecretsKey::from_base64(KEY).unwrap();
+    let old = secrets::SecretsKey::from_base64(OLD_KEY).unwrap();
+    assert_eq!(config.keyring.current_key_id(), current.id());
+    let domain = secrets::DomainId::from(uuid::Uuid::new_v4());
+    let name = secrets::SecretName::parse("n").unwrap();
+    let value = secrets::SecretValue::new("v").unwrap();
+    let sealed = secrets::Keyring::new(old, []).seal(domain, &name, &value);
+    assert_eq!(config.keyring.open(domain, &name, &secrets::StoredValue::Sealed(sealed)), Ok(value));
+}
+
+#[test]
+fn a_key_knob_error_never_repeats_the_key() {
+    let almost = &KEY[..40];
+    for (knob, value) in [(SECRETS_KEY, almost.to_owned()), (SECRETS_OLD_KEYS, format!("{OLD_KEY},{almost}"))]
+    {
+        let error = parse(&[(knob, &value)]).unwrap_err().to_string();
+        assert!(!error.contains(almost) && !error.contains(OLD_KEY), "{error}");
+    }
+    let shown = format!("{:?}", parse(&[(SECRETS_OLD_KEYS, OLD_KEY)]).unwrap());
+    assert!(!shown.contains(KEY) && !shown.contains(OLD_KEY), "{shown}");
+}
+
+#[track_caller]
+fn operators(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    let knobs = Knobs::from_pairs(
+        [(DATABASE_URL, "postgres://postgres@127.0.0.1:5432/postgres"), (SECRETS_KEY, KEY)]
+            .iter()
+            .chain(pairs)
+            .copied(),
+    )
+    .unwrap();
+    let config = Config::from_knobs(&knobs).unwrap();
+    config.operators.into_iter().map(|operator| (operator.name.as_str().to_owned(), operator.token)).collect()
+}
+
+#[test]
+fn operator_tokens_are_named_and_the_single_token_is_the_operator() {
+    let alice = "alice-token-0123456789";
+    let bob = "bob-token-0123456789:with-a-colon";
+    assert_eq!(
+        operators(&[(OPERATOR_TOKENS, &format!(" alice:{alice} , bob:{bob},"))]),
+        [("alice".to_owned(), alice.to_owned()), ("bob".to_owned(), bob.to_owned())]
+    );
+    assert_eq!(operators(&[(OPERATOR_TOKEN, alice)]), [("operator".to_owned(), alice.to_owned())]);
+    assert_eq!(
+        operators(&[(OPERATOR_TOKEN, alice), (OPERATOR_TOKENS, &format!("bob:{bob}"))]),
+        [("operator".to_owned(), alice.to_owned()), ("bob".to_owned(), bob.to_owned())]
+    );
+}
+
+#[test]
+fn unusable_operator_tokens_are_refused_naming_the_knob_never_the_token() {
+    let base = |pairs: &[(&'static str, &'static str)]| -> ConfigError {
+        let knobs = Knobs::from_pairs(
+            [(DATABASE_URL, "postgres://postgres@127.0.0.1:5432/postgres"), (SECRETS_KEY, KEY)]
+                .iter()
+                .chain(pairs)
+                .copied(),
+        )
+        .unwrap();
+        Config::from_knobs(&knobs).unwrap_err()
+    };
+    assert_eq!(base(&[]).knob, OPERATOR_TOKENS);
+    for (pairs, knob) in [
+        (&[(OPERATOR_TOKEN, "short")][..], OPERATOR_TOKEN),
+        (&[(OPERATOR_TOKENS, "alice:short")], OPERATOR_TOKENS),
+        (&[(OPERATOR_TOKENS, "no-colon-token-0123456789")], OPERATOR_TOKENS),
+        (&[(OPERATOR_TOKENS, "al ice:0123456789abcdef")], OPERATOR_TOKENS),
+        (&[(OPERATOR_TOKENS, ":0123456789abcdef")], OPERATOR_TOKENS),
+        (&[(OPERATOR_TOKENS, "a:0123456789abcdef,a:fedcba9876543210")], OPERATOR_TOKENS),
+        (&[(OPERATOR_TOKENS, "a:0123456789abcdef,b:0123456789abcdef")], OPERATOR_TOKENS),
+        (
+            &[(OPERATOR_TOKEN, "0123456789abcdef"), (OPERATOR_TOKENS, "operator:fedcba9876543210")],
+            OPERATOR_TOKENS,
+        ),
+    ] {
+        let error = base(pairs);
+        assert_eq!(error.knob, knob, "{pairs:?}: {error}");
+        let shown = error.to_string();
+        assert!(!shown.contains("0123456789abcdef") && !shown.contains("short"), "{shown}");
+    }
 }

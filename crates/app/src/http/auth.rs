@@ -1,4 +1,4 @@
-//! Who is calling: the operator (one shared token) or a Node (its own credential).
+//! Who is calling: an operator (by the name of its token) or a Node (its own credential).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -11,25 +11,40 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::{ApiError, AppState};
+use crate::config::OperatorCredential;
 
-/// The operator routes' bearer token, kept only as a digest.
+/// The operator routes' bearer tokens, each kept only as a digest beside the name it acts
+/// under.
 ///
-/// Comparing digests in constant time hides both the token's bytes and its length from a
-/// caller timing the answers.
+/// Comparing digests in constant time hides both a token's bytes and its length from a caller
+/// timing the answers; every token is compared, matching or not, so the time does not tell
+/// which operator's token came close either.
 #[derive(Clone)]
-pub struct OperatorToken {
-    digest: [u8; 32],
+pub struct OperatorTokens {
+    operators: Arc<[(audit::Actor, [u8; 32])]>,
 }
 
-impl OperatorToken {
-    /// Keeps the digest of `token`.
-    pub fn new(token: &str) -> OperatorToken {
-        OperatorToken { digest: Sha256::digest(token.as_bytes()).into() }
+impl OperatorTokens {
+    /// Keeps the digest of each operator's token.
+    pub fn new(operators: &[OperatorCredential]) -> OperatorTokens {
+        OperatorTokens {
+            operators: operators
+                .iter()
+                .map(|operator| (operator.name.clone(), Sha256::digest(operator.token.as_bytes()).into()))
+                .collect(),
+        }
     }
 
-    fn matches(&self, presented: &str) -> bool {
+    /// The operator whose token `presented` is.
+    fn operator(&self, presented: &str) -> Option<audit::Actor> {
         let presented: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
-        self.digest.ct_eq(&presented).into()
+        let mut found = None;
+        for (name, digest) in self.operators.iter() {
+            if bool::from(digest.ct_eq(&presented)) {
+                found = Some(name.clone());
+            }
+        }
+        found
     }
 }
 
@@ -40,16 +55,18 @@ fn bearer(parts: &Parts) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|token| !token.is_empty())
 }
 
-/// A request the operator made; extracting it answers 401 for anyone else.
-pub(super) struct Operator;
+/// A request an operator made, and which operator; extracting it answers 401 for anyone else.
+pub(super) struct Operator(pub(super) audit::Actor);
 
 impl FromRequestParts<AppState> for Operator {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        // The operator's own token is never throttled.
-        if bearer(parts).is_some_and(|token| state.operator_token.matches(token)) {
-            return Ok(Operator);
+        // An operator's own token is never throttled.
+        if let Some(name) = bearer(parts).and_then(|token| state.operator_tokens.operator(token)) {
+            // Every later line of this request's log names the operator.
+            tracing::Span::current().record("operator", tracing::field::display(&name));
+            return Ok(Operator(name));
         }
         let client = state.throttle.client(parts);
         if let Some(refused) = state.throttle.known_refusal(&client) {
@@ -66,88 +83,219 @@ impl FromRequestParts<AppState> for NodeCaller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        let token = bearer(parts).and_then(|presented| access::NodeToken::parse(presented).ok());
-        let known = token.as_ref().and_then(|token| state.credentials.get(token.hash().as_bytes()));
-        // A token this replica already knows to be valid is never throttled.
-        let node = match (known, token) {
-            (Some(node), _) => node,
-            (None, token) => {
-                let client = state.throttle.client(parts);
-                // A spent failure budget answers before any lookup: a flood of made-up tokens
-                // costs the database nothing.
-                if let Some(refused) = state.throttle.known_refusal(&client) {
-                    return Err(refused);
-                }
-                // Missing or malformed: refused without a round trip, and counted.
-                let Some(token) = token else { return Err(state.throttle.failed(&client).await) };
-                match state
-                    .bounded("authenticating a node", state.access.authenticate(token.expose()))
-                    .await?
-                {
-                    Ok(node) => {
-                        state.credentials.insert(*token.hash().as_bytes(), node);
-                        node
-                    }
-                    Err(access::AuthError::MalformedToken | access::AuthError::UnknownToken) => {
-                        return Err(state.throttle.failed(&client).await)
-                    }
-                    Err(unavailable @ access::AuthError::Unavailable(_)) => return Err(unavailable.into()),
-                }
-            }
+        let presented = bearer(parts).and_then(|presented| access::NodeToken::parse(presented).ok());
+        let (token, lookup) = match presented {
+            Some(token) => match state.credentials.get(token.hash().as_bytes()) {
+                // A token this replica already knows to be valid is never throttled.
+                Ok(node) => return Ok(NodeCaller::named(node)),
+                Err(lookup) => (Some(token), Some(lookup)),
+            },
+            None => (None, None),
         };
-        // Every later line of this request's log names the caller.
+        let client = state.throttle.client(parts);
+        // A spent failure budget answers before any lookup: a flood of made-up tokens costs
+        // the database nothing.
+        if let Some(refused) = state.throttle.known_refusal(&client) {
+            return Err(refused);
+        }
+        // Missing or malformed: refused without a round trip, and counted.
+        let (Some(token), Some(lookup)) = (token, lookup) else {
+            return Err(state.throttle.failed(&client).await);
+        };
+        let node =
+            match state.bounded("authenticating a node", state.access.authenticate(token.expose())).await? {
+                Ok(node) => {
+                    state.credentials.insert(lookup, *token.hash().as_bytes(), node);
+                    node
+                }
+                Err(access::AuthError::MalformedToken | access::AuthError::UnknownToken) => {
+                    return Err(state.throttle.failed(&client).await)
+                }
+                Err(unavailable @ access::AuthError::Unavailable(_)) => return Err(unavailable.into()),
+            };
+        Ok(NodeCaller::named(node))
+    }
+}
+
+impl NodeCaller {
+    /// The caller `node`, named in every later line of this request's log.
+    fn named(node: access::AuthenticatedNode) -> NodeCaller {
         let span = tracing::Span::current();
         span.record("node_id", tracing::field::display(node.node_id));
         span.record("domain_id", tracing::field::display(node.domain_id));
-        Ok(NodeCaller(node))
+        NodeCaller(node)
     }
 }
 
 /// Authenticated Nodes by the SHA-256 of their token, with when they were authenticated.
-type Entries = HashMap<[u8; 32], (access::AuthenticatedNode, Instant)>;
+#[derive(Debug, Default)]
+struct Entries {
+    nodes: HashMap<[u8; 32], (access::AuthenticatedNode, Instant)>,
+    /// Bumped by every invalidation, so a lookup that raced one does not cache what it found.
+    epoch: u64,
+    /// Whether revocations reach this cache now; while they do not, it is bypassed.
+    listening: bool,
+}
 
 /// Node credentials authenticated recently, so a Node's requests do not each pay a round trip
 /// to look its token up.
 ///
-/// An entry lives for a short, fixed time ([`CredentialCache::TTL`]) and the cache holds a
-/// bounded number of them; only tokens the store confirmed are kept, so a flood of made-up
-/// tokens cannot fill it. Credentials are never revoked today; the lifetime bounds how long a
-/// future revocation would take to reach every replica.
+/// Revocation reaches it through the database: deleting a Node announces it (migration 0031),
+/// and the replica's revocation listener calls [`CredentialCache::revoke`], on every replica,
+/// within moments. The cache is used only while that listener is connected
+/// ([`CredentialCache::resume`]); while it is not, announcements could be missed, so every
+/// request asks the store. An entry also lives at most [`CredentialCache::TTL`], the backstop
+/// for a listener whose connection went silent without failing. Only tokens the store
+/// confirmed are kept, so a flood of made-up tokens cannot fill it.
 #[derive(Clone, Debug)]
 pub struct CredentialCache {
     entries: Arc<Mutex<Entries>>,
     capacity: usize,
 }
 
+/// A lookup's ticket: the cache's epoch when it started (see [`CredentialCache::insert`]).
+pub(super) struct Lookup(u64);
+
 impl CredentialCache {
     /// How long an authenticated token is trusted without asking the store again.
     pub const TTL: Duration = Duration::from_secs(10);
 
-    /// An empty cache holding at most `capacity` tokens.
+    /// An empty cache holding at most `capacity` tokens; bypassed until [`CredentialCache::resume`].
     pub fn new(capacity: usize) -> CredentialCache {
         CredentialCache { entries: Arc::default(), capacity }
     }
 
-    fn get(&self, token_hash: &[u8; 32]) -> Option<access::AuthenticatedNode> {
-        let entries = self.lock();
-        let (node, stored_at) = entries.get(token_hash)?;
-        (stored_at.elapsed() < Self::TTL).then_some(*node)
+    /// Forgets Node `node`'s credential, and makes every lookup in flight forget what it found.
+    pub fn revoke(&self, node: access::NodeId) {
+        let mut entries = self.lock();
+        entries.epoch += 1;
+        entries.nodes.retain(|_, (cached, _)| cached.node_id != node);
     }
 
-    fn insert(&self, token_hash: [u8; 32], node: access::AuthenticatedNode) {
+    /// Forgets every credential (all Nodes were deleted at once).
+    pub fn revoke_all(&self) {
         let mut entries = self.lock();
-        if entries.len() >= self.capacity {
-            entries.retain(|_, (_, stored_at)| stored_at.elapsed() < Self::TTL);
-            if entries.len() >= self.capacity {
+        entries.epoch += 1;
+        entries.nodes.clear();
+    }
+
+    /// Revocations reach the cache again: start afresh, since any could have been missed.
+    pub fn resume(&self) {
+        let mut entries = self.lock();
+        entries.epoch += 1;
+        entries.nodes.clear();
+        entries.listening = true;
+    }
+
+    /// Revocations may not reach the cache: forget everything and ask the store until
+    /// [`CredentialCache::resume`].
+    pub fn suspend(&self) {
+        let mut entries = self.lock();
+        entries.epoch += 1;
+        entries.nodes.clear();
+        entries.listening = false;
+    }
+
+    /// The Node `token_hash` authenticated recently, or a ticket to look it up with.
+    pub(super) fn get(&self, token_hash: &[u8; 32]) -> Result<access::AuthenticatedNode, Lookup> {
+        let entries = self.lock();
+        match entries.nodes.get(token_hash) {
+            Some((node, stored_at)) if entries.listening && stored_at.elapsed() < Self::TTL => Ok(*node),
+            _ => Err(Lookup(entries.epoch)),
+        }
+    }
+
+    /// Keeps what a lookup found, unless a revocation came while it ran: the store's answer may
+    /// predate it.
+    pub(super) fn insert(
+        &self,
+        Lookup(epoch): Lookup,
+        token_hash: [u8; 32],
+        node: access::AuthenticatedNode,
+    ) {
+        let mut entries = self.lock();
+        if !entries.listening || entries.epoch != epoch {
+            return;
+        }
+        if entries.nodes.len() >= self.capacity {
+            entries.nodes.retain(|_, (_, stored_at)| stored_at.elapsed() < Self::TTL);
+            if entries.nodes.len() >= self.capacity {
                 // Still full of live entries: start over rather than track recency on the hot path.
-                entries.clear();
+                entries.nodes.clear();
             }
         }
-        entries.insert(token_hash, (node, Instant::now()));
+        entries.nodes.insert(token_hash, (node, Instant::now()));
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
         // Entries are plain values; a panic elsewhere cannot leave one half-written.
         self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node() -> access::AuthenticatedNode {
+        access::AuthenticatedNode { node_id: access::NodeId::random(), domain_id: access::DomainId::random() }
+    }
+
+    fn listening_cache() -> CredentialCache {
+        let cache = CredentialCache::new(10);
+        cache.resume();
+        cache
+    }
+
+    #[test]
+    fn a_revocation_during_a_lookup_keeps_the_lookups_answer_out_of_the_cache() {
+        let cache = listening_cache();
+        let node = node();
+        let Err(lookup) = cache.get(&[1; 32]) else { panic!("an empty cache holds nothing") };
+        // The store answered before the revocation committed; the announcement arrives first.
+        cache.revoke(node.node_id);
+        cache.insert(lookup, [1; 32], node);
+        assert!(cache.get(&[1; 32]).is_err());
+    }
+
+    #[test]
+    fn a_revocation_forgets_only_that_nodes_credentials() {
+        let cache = listening_cache();
+        let (revoked, kept) = (node(), node());
+        for (hash, node) in [([1; 32], revoked), ([2; 32], kept)] {
+            let Err(lookup) = cache.get(&hash) else { panic!("not cached yet") };
+            cache.insert(lookup, hash, node);
+        }
+        cache.revoke(revoked.node_id);
+        assert!(cache.get(&[1; 32]).is_err());
+        assert_eq!(cache.get(&[2; 32]).ok(), Some(kept));
+    }
+
+    #[test]
+    fn while_revocations_cannot_arrive_the_cache_is_bypassed() {
+        let cache = CredentialCache::new(10);
+        let Err(lookup) = cache.get(&[1; 32]) else { panic!("not cached yet") };
+        cache.insert(lookup, [1; 32], node());
+        assert!(cache.get(&[1; 32]).is_err(), "a cache never resumed keeps nothing");
+        cache.resume();
+        let Err(lookup) = cache.get(&[1; 32]) else { panic!("not cached yet") };
+        cache.insert(lookup, [1; 32], node());
+        assert!(cache.get(&[1; 32]).is_ok());
+        cache.suspend();
+        assert!(cache.get(&[1; 32]).is_err());
+    }
+
+    #[test]
+    fn an_operator_is_found_by_its_token_and_a_stranger_is_not() {
+        let credential = |name: &str, token: &str| OperatorCredential {
+            name: audit::Actor::operator(name).unwrap(),
+            token: token.to_owned(),
+        };
+        let tokens = OperatorTokens::new(&[
+            credential("alice", "alice-token-0123456789"),
+            credential("bob", "bob-token-0123456789"),
+        ]);
+        assert_eq!(tokens.operator("bob-token-0123456789").unwrap().as_str(), "bob");
+        assert!(tokens.operator("bob-token-012345678").is_none());
     }
 }

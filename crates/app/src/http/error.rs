@@ -79,7 +79,8 @@ impl ApiError {
         ApiError::Internal(Box::new(error))
     }
 
-    fn status(&self) -> StatusCode {
+    /// The status this error answers with.
+    pub fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
@@ -167,6 +168,24 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// The answer to a handler that panicked: a 500 like any other, with the panic's message
+/// logged once inside the request's span (route, request id, caller).
+///
+/// The message goes to the log, never to the client. Every value that could hold a token or a
+/// secret (`NodeToken`, `SecretValue`, keys) prints `<redacted>` in `Debug`, so a panic message
+/// built from them cannot carry one either.
+// CatchPanicLayer hands the payload over by value; the signature is its, not a choice.
+#[allow(clippy::needless_pass_by_value)]
+pub fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let message = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&'static str>().copied())
+        .unwrap_or("a panic whose payload is not text");
+    tracing::error!(panic = message, "request failed: the handler panicked");
+    error_response(StatusCode::INTERNAL_SERVER_ERROR, "internal", "the service could not answer; try again")
+}
+
 /// `Retry-After` in whole seconds, rounded up, and at least 1: a client told 0 would retry at
 /// once into the same refusal.
 pub fn retry_after_seconds(retry_after: Duration) -> u64 {
@@ -192,6 +211,8 @@ impl From<secrets::ReadError> for ApiError {
                 retry_after,
             },
             unavailable @ secrets::ReadError::Unavailable(_) => ApiError::internal(unavailable),
+            // The cause names the key id, never a key or a value.
+            unreadable @ secrets::ReadError::Unreadable(_) => ApiError::internal(unreadable),
         }
     }
 }
@@ -260,6 +281,30 @@ impl From<access::AuthError> for ApiError {
             access::AuthError::MalformedToken | access::AuthError::UnknownToken => ApiError::Unauthorized,
             unavailable @ access::AuthError::Unavailable(_) => ApiError::internal(unavailable),
         }
+    }
+}
+
+impl From<access::RevokeError> for ApiError {
+    fn from(error: access::RevokeError) -> Self {
+        match error {
+            access::RevokeError::UnknownNode { domain, node } => ApiError::NotFound {
+                code: "unknown_node",
+                message: format!("no node {node} in domain {domain}"),
+            },
+            unavailable @ access::RevokeError::Unavailable(_) => ApiError::internal(unavailable),
+        }
+    }
+}
+
+impl From<audit::AuditLogError> for ApiError {
+    fn from(error: audit::AuditLogError) -> Self {
+        ApiError::internal(error)
+    }
+}
+
+impl From<audit::InvalidInput> for ApiError {
+    fn from(error: audit::InvalidInput) -> Self {
+        ApiError::bad_request(error)
     }
 }
 

@@ -4,6 +4,7 @@
 //! [`ApiError`]s. They hold no database handle of their own beyond the readiness probe's.
 
 mod auth;
+pub mod bodies;
 mod deadline;
 mod error;
 mod node;
@@ -15,26 +16,32 @@ pub mod throttle;
 
 use std::cell::Cell;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::{DefaultBodyLimit, FromRequestParts, MatchedPath, Path, Request, State};
 use axum::http::request::Parts;
 use axum::http::HeaderName;
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use axum::Router;
+use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
-pub use auth::{CredentialCache, OperatorToken};
-pub use error::{cause_chain, error_response, retry_after_seconds, ApiError};
+pub use auth::{CredentialCache, OperatorTokens};
+pub use error::{cause_chain, error_response, panic_response, retry_after_seconds, ApiError};
 
 use crate::clock::ClockStatus;
 use crate::metrics::Metrics;
 
 /// The largest JSON body an operator route reads: a 64 KiB secret, JSON-escaped, fits.
 const OPERATOR_BODY_LIMIT: usize = 512 * 1024;
+
+/// The header of every response that carries a token or a secret value: no cache, shared or
+/// private, may keep a copy (RFC 9111, section 5.2.2.5).
+const NO_STORE: [(HeaderName, &str); 1] = [(axum::http::header::CACHE_CONTROL, "no-store")];
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -49,11 +56,13 @@ pub struct AppState {
     pub budgets: ratebudget::Store,
     /// This replica's pre-check and fallback in front of the store: a reset made here forgets
     /// the bucket at once (the others hear of it by notification).
-    pub guard: std::sync::Arc<ratebudget::Guard>,
-    /// The operator routes' token.
-    pub operator_token: OperatorToken,
+    pub guard: Arc<ratebudget::Guard>,
+    /// The operator routes' tokens, by operator.
+    pub operator_tokens: OperatorTokens,
     /// Failed authentications per client address, across replicas.
     pub throttle: throttle::AuthThrottle,
+    /// Where every operator action is recorded.
+    pub audit: Arc<dyn audit::AuditLog>,
     /// Recently authenticated Node tokens.
     pub credentials: CredentialCache,
     /// What `/readyz` answers, from a recent probe of the database.
@@ -110,7 +119,7 @@ const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The span every request runs in. Every log line of a request carries its fields: the route
 /// (the pattern, not the path, so ids and secret names stay out of it), the request id, and
-/// the Node and Domain once the caller is authenticated.
+/// the operator's name or the Node and Domain once the caller is authenticated.
 fn request_span(request: &Request) -> tracing::Span {
     let route = request.extensions().get::<MatchedPath>().map_or("<no route>", MatchedPath::as_str);
     let request_id = request.headers().get(&REQUEST_ID).and_then(|id| id.to_str().ok()).unwrap_or_default();
@@ -119,6 +128,7 @@ fn request_span(request: &Request) -> tracing::Span {
         method = %request.method(),
         route,
         request_id,
+        operator = tracing::field::Empty,
         node_id = tracing::field::Empty,
         domain_id = tracing::field::Empty,
     )
@@ -130,9 +140,11 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/domains", post(operator::create_domain))
         .route("/v1/domains/{domain_id}/nodes", post(operator::enrol_node))
+        .route("/v1/domains/{domain_id}/nodes/{node_id}", delete(operator::revoke_node))
         .route("/v1/domains/{domain_id}/secrets/{name}", put(operator::put_secret))
         .route("/v1/budgets/{key}", get(operator::show_budgets))
         .route("/v1/budgets/{scope}/{key}", delete(operator::reset_budget))
+        .route("/v1/audit", get(operator::read_audit))
         .layer(DefaultBodyLimit::max(OPERATOR_BODY_LIMIT))
         .route("/v1/secrets/{name}", get(node::read_secret))
         .route("/v1/ingest", post(node::ingest).layer(DefaultBodyLimit::max(max_batch)))
@@ -141,11 +153,14 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(probes::metrics))
         .fallback(probes::not_found)
         .method_not_allowed_fallback(probes::method_not_allowed)
+        .layer(axum::middleware::from_fn(refuse_doubled_headers))
         .layer(axum::middleware::from_fn_with_state(state.clone(), database_time))
         .layer(axum::middleware::from_fn(rate_limit_headers::add_fields))
         .layer(axum::middleware::from_fn_with_state(state.clone(), deadline::body_deadline))
-        // Inside the trace layer, so a request cut off by its deadline is logged in its span.
+        // Inside the trace layer, so a request cut off by its deadline, and a panic, are
+        // logged in the request's span.
         .layer(axum::middleware::from_fn_with_state(state.clone(), deadline::request_deadline))
+        .layer(CatchPanicLayer::custom(panic_response))
         // A failure is logged once, where it becomes a response (error.rs), so the trace
         // layer only opens the span and logs each response at debug level.
         .layer(
@@ -158,6 +173,21 @@ pub fn router(state: AppState) -> Router {
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
         .with_state(state)
+}
+
+/// Headers a request may carry at most once: two `Authorization` headers make it ambiguous who
+/// is calling (one proxy may check the first, another the second), and two request ids make it
+/// ambiguous which one the log and the client quote. Either is a 400 before any handler runs.
+const SINGLE_HEADERS: [HeaderName; 2] = [axum::http::header::AUTHORIZATION, REQUEST_ID];
+
+async fn refuse_doubled_headers(request: Request, next: Next) -> Response {
+    for name in &SINGLE_HEADERS {
+        if request.headers().get_all(name).iter().nth(1).is_some() {
+            return ApiError::bad_request(format!("the {name} header must appear at most once"))
+                .into_response();
+        }
+    }
+    next.run(request).await
 }
 
 /// A path's parameters, with a JSON 400 (instead of axum's plain-text rejection) when they do
@@ -187,16 +217,7 @@ fn parse_uuid(segment: &str, what: &str) -> Result<uuid::Uuid, ApiError> {
         .map_err(|_| ApiError::bad_request(format!("{what} is not a uuid: {segment:?}")))
 }
 
-/// Parses a JSON body, answering 400 for anything malformed and 413 for a body over the limit.
-fn parse_json<T: serde::de::DeserializeOwned>(
-    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
-    limit: usize,
-) -> Result<T, ApiError> {
-    let body = read_body(body, limit)?;
-    serde_json::from_slice(&body)
-        .map_err(|error| ApiError::bad_request(format!("malformed JSON body: {error}")))
-}
-
+/// The body as received, or 413 for one over `limit` and 400 for one that could not be read.
 fn read_body(
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
     limit: usize,

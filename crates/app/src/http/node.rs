@@ -9,7 +9,7 @@ use axum::Json;
 use serde::Serialize;
 
 use super::auth::NodeCaller;
-use super::{read_body, ApiError, AppState, PathParams};
+use super::{read_body, ApiError, AppState, PathParams, NO_STORE};
 
 #[derive(Serialize)]
 struct SecretBody<'a> {
@@ -27,7 +27,8 @@ pub(super) async fn read_secret(
     let reader =
         secrets::Reader { node: node.node_id.as_uuid().into(), domain: node.domain_id.as_uuid().into() };
     let secret = state.bounded("reading a secret", state.secrets.read(reader, &name)).await??;
-    Ok(Json(SecretBody { name: secret.name.as_str(), value: secret.value.expose() }).into_response())
+    Ok((NO_STORE, Json(SecretBody { name: secret.name.as_str(), value: secret.value.expose() }))
+        .into_response())
 }
 
 #[derive(Serialize)]

@@ -1,24 +1,18 @@
-//! Operator routes: Domains, Node enrolment, secret writes and reading a budget.
+//! Operator routes: Domains, Node enrolment and revocation, secret writes, reading a budget
+//! and the audit log. Every action that changes something is recorded in the audit log, in
+//! the acting operator's name, once it succeeded.
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::auth::Operator;
 use super::error::unknown_domain;
-use super::{parse_json, parse_uuid, ApiError, AppState, PathParams, OPERATOR_BODY_LIMIT};
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct CreateDomain {
-    name: String,
-    issuance_per_second: Option<f64>,
-    issuance_burst: Option<f64>,
-}
+use super::{bodies, parse_uuid, read_body, ApiError, AppState, PathParams, NO_STORE, OPERATOR_BODY_LIMIT};
 
 #[derive(Serialize)]
 struct DomainBody {
@@ -28,41 +22,31 @@ struct DomainBody {
     issuance_burst: Option<f64>,
 }
 
-impl CreateDomain {
-    fn try_into_domain(self) -> Result<access::NewDomain, ApiError> {
-        let name = access::DomainName::parse(self.name)?;
-        let issuance_policy = match (self.issuance_per_second, self.issuance_burst) {
-            (None, None) => None,
-            (Some(per_second), Some(burst)) => {
-                // The policy sizes a rate budget, so the store's rules apply as well as the
-                // access context's (an hour to refill at most, arithmetic that stays finite);
-                // the table's CHECK holds the same comparisons, so a policy that passes here
-                // is stored.
-                ratebudget::Limit::new(per_second, burst).map_err(|invalid| {
-                    ApiError::bad_request(format!("invalid issuance_{}: {}", invalid.field, invalid.reason))
-                })?;
-                Some(access::IssuancePolicy::new(per_second, burst).map_err(|invalid| {
-                    ApiError::bad_request(format!("invalid issuance_{}: {}", invalid.field, invalid.reason))
-                })?)
-            }
-            _ => {
-                return Err(ApiError::bad_request(
-                    "issuance_per_second and issuance_burst go together: give both or neither",
-                ))
-            }
-        };
-        Ok(access::NewDomain { name, issuance_policy })
-    }
+/// Records that `actor` did `action` to `subject`. Called once the action succeeded, so the log
+/// holds what happened, not what was attempted. The action and the entry are two writes: if
+/// the entry cannot be written, the request answers 500 (the cause in the log) though the
+/// action stands, and the operator, seeing the 500, checks and retries.
+async fn record(
+    state: &AppState,
+    actor: audit::Actor,
+    action: audit::Action,
+    subject: audit::Subject,
+) -> Result<(), ApiError> {
+    let entry = audit::NewEntry { actor, action, subject };
+    state.bounded("recording the action in the audit log", state.audit.record(&entry)).await??;
+    Ok(())
 }
 
 /// `POST /v1/domains`
 pub(super) async fn create_domain(
-    _: Operator,
+    Operator(actor): Operator,
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let new_domain = parse_json::<CreateDomain>(body, OPERATOR_BODY_LIMIT)?.try_into_domain()?;
+    let new_domain = bodies::new_domain(&read_body(body, OPERATOR_BODY_LIMIT)?)?;
     let domain = state.bounded("creating a domain", state.access.create_domain(new_domain)).await??;
+    let subject = audit::Subject { domain_id: Some(domain.id.as_uuid()), ..audit::Subject::default() };
+    record(&state, actor, audit::Action::CreateDomain, subject).await?;
     let body = DomainBody {
         id: domain.id.as_uuid(),
         name: domain.name.as_str().to_owned(),
@@ -70,12 +54,6 @@ pub(super) async fn create_domain(
         issuance_burst: domain.issuance_policy.map(|policy| policy.burst()),
     };
     Ok((StatusCode::CREATED, Json(body)).into_response())
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct EnrolNode {
-    name: String,
 }
 
 #[derive(Serialize)]
@@ -89,49 +67,69 @@ struct EnrolmentBody {
 
 /// `POST /v1/domains/{domain_id}/nodes`
 pub(super) async fn enrol_node(
-    _: Operator,
+    Operator(actor): Operator,
     State(state): State<AppState>,
     PathParams(domain_id): PathParams<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let domain_id = parse_uuid(&domain_id, "domain_id")?;
-    let request: EnrolNode = parse_json(body, OPERATOR_BODY_LIMIT)?;
-    let name = access::NodeName::parse(request.name)?;
+    let name = bodies::node_name(&read_body(body, OPERATOR_BODY_LIMIT)?)?;
     let enrolment =
         state.bounded("enrolling a node", state.access.enrol_node(domain_id.into(), name)).await??;
+    let subject = audit::Subject {
+        domain_id: Some(domain_id),
+        node_id: Some(enrolment.node.id.as_uuid()),
+        secret_name: None,
+    };
+    record(&state, actor, audit::Action::EnrolNode, subject).await?;
     let body = EnrolmentBody {
         id: enrolment.node.id.as_uuid(),
         domain_id: enrolment.node.domain_id.as_uuid(),
         name: enrolment.node.name.as_str().to_owned(),
         token: enrolment.token.expose().to_owned(),
     };
-    Ok((StatusCode::CREATED, Json(body)).into_response())
+    Ok((StatusCode::CREATED, NO_STORE, Json(body)).into_response())
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct PutSecret {
-    value: String,
+/// `DELETE /v1/domains/{domain_id}/nodes/{node_id}`: the Node's token stops authenticating,
+/// here at once and on every other replica as soon as the database's announcement reaches it.
+pub(super) async fn revoke_node(
+    Operator(actor): Operator,
+    State(state): State<AppState>,
+    PathParams((domain_id, node_id)): PathParams<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let domain_id = parse_uuid(&domain_id, "domain_id")?;
+    let node_id = parse_uuid(&node_id, "node_id")?;
+    state.bounded("revoking a node", state.access.revoke_node(domain_id.into(), node_id.into())).await??;
+    state.credentials.revoke(node_id.into());
+    let subject = audit::Subject { domain_id: Some(domain_id), node_id: Some(node_id), secret_name: None };
+    record(&state, actor, audit::Action::RevokeNode, subject).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// `PUT /v1/domains/{domain_id}/secrets/{name}`
 pub(super) async fn put_secret(
-    _: Operator,
+    Operator(actor): Operator,
     State(state): State<AppState>,
     PathParams((domain_id, name)): PathParams<(String, String)>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<StatusCode, ApiError> {
     let domain_id = parse_uuid(&domain_id, "domain_id")?;
     let name = secrets::SecretName::parse(name)?;
-    let request: PutSecret = parse_json(body, OPERATOR_BODY_LIMIT)?;
-    let value = secrets::SecretValue::new(request.value)?;
+    let value = bodies::secret_value(&read_body(body, OPERATOR_BODY_LIMIT)?)?;
     // Domains belong to the access context; the secrets context trusts its caller to have
     // checked, so a secret never lands under a Domain that does not exist.
     let domain = state.bounded("looking up a domain", state.access.find_domain(domain_id.into())).await??;
     if domain.is_none() {
         return Err(unknown_domain(domain_id));
     }
+    let subject = audit::Subject {
+        domain_id: Some(domain_id),
+        node_id: None,
+        secret_name: Some(name.as_str().to_owned()),
+    };
     state.bounded("writing a secret", state.secrets.write(domain_id.into(), name, value)).await??;
+    record(&state, actor, audit::Action::PutSecret, subject).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -169,7 +167,7 @@ pub(super) struct ResetBody {
 /// `DELETE /v1/budgets/{scope}/{key}`: forgets one bucket, so the next take on any replica
 /// mints it full.
 pub(super) async fn reset_budget(
-    _: Operator,
+    Operator(actor): Operator,
     State(state): State<AppState>,
     PathParams((scope, key)): PathParams<(String, String)>,
 ) -> Result<Json<ResetBody>, ApiError> {
@@ -178,6 +176,50 @@ pub(super) async fn reset_budget(
     let existed = state.bounded("resetting a budget", state.budgets.reset(scope, key.into())).await??;
     // This replica forgets at once; the others when the reset's notification reaches them.
     state.guard.forget(scope, key.into());
+    let subject = match scope {
+        ratebudget::Scope::SecretReadNode | ratebudget::Scope::IngestNode => {
+            audit::Subject { node_id: Some(key), ..audit::Subject::default() }
+        }
+        _ => audit::Subject { domain_id: Some(key), ..audit::Subject::default() },
+    };
+    record(&state, actor, audit::Action::ResetBudget, subject).await?;
     tracing::info!(%scope, %key, existed, "operator reset a rate budget");
     Ok(Json(ResetBody { existed }))
+}
+
+#[derive(Serialize)]
+pub(super) struct AuditEntryBody {
+    id: i64,
+    actor: String,
+    action: &'static str,
+    at: chrono::DateTime<chrono::Utc>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    domain_id: Option<uuid::Uuid>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    node_id: Option<uuid::Uuid>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    secret_name: Option<String>,
+}
+
+/// `GET /v1/audit?before=<id>&limit=<n>`: the audit log, newest first.
+pub(super) async fn read_audit(
+    _: Operator,
+    State(state): State<AppState>,
+    uri: Uri,
+) -> Result<Json<Vec<AuditEntryBody>>, ApiError> {
+    let page = bodies::audit_page(uri.query())?;
+    let entries = state.bounded("reading the audit log", state.audit.read(page)).await??;
+    let body = entries
+        .into_iter()
+        .map(|entry| AuditEntryBody {
+            id: entry.id,
+            actor: entry.actor.as_str().to_owned(),
+            action: entry.action.as_str(),
+            at: entry.at,
+            domain_id: entry.subject.domain_id,
+            node_id: entry.subject.node_id,
+            secret_name: entry.subject.secret_name,
+        })
+        .collect();
+    Ok(Json(body))
 }
