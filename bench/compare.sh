@@ -8,7 +8,14 @@
 #
 # Knobs: DATABASE_ADMIN_URL (default the local cluster), SECONDS_PER_RUN (3), CLIENTS
 # ("1 4 16 64"), WORKLOADS ("random hot refused pair"), COMMIT_MODES ("off": the limiter
-# pool's mode; "off on" adds synchronous commits, doubling the time).
+# pool's mode; "off on" adds synchronous commits, doubling the time), COALESCED_CLIENTS
+# ("16 64 256"; "" skips the second table).
+#
+# The second table is coalescing (docs/adr/0006): for random keys and one hot key, with
+# synchronous commit on, the store coalescing concurrent takes against the same store sending
+# each take as its own statement (both over at most 64 connections), and pgbench's
+# single-statement take at min(callers, 64) clients in the same run: ours/pg is how many times
+# PostgreSQL's one-statement-per-decision ceiling the coalesced store reaches.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -82,3 +89,30 @@ for sync in $commit_modes; do
         done
     done
 done
+
+coalesced_clients="${COALESCED_CLIENTS-16 64 256}"
+if [ -n "$coalesced_clients" ]; then
+    echo
+    printf '%-8s %-7s %12s %9s %12s %9s %12s %9s\n' workload callers coalesced/s p99_us single/s p99_us pgbench/s ours/pg
+    for workload in random hot; do
+        for clients in $coalesced_clients; do
+            run() {
+                "$bench_binary" --database-url "$url" --workload "$workload" --clients "$clients" \
+                    --seconds "$seconds" --synchronous-commit on "$@"
+            }
+            read -r _ _ _ coalesced _ coalesced_p99 < <(run --coalesce)
+            read -r _ _ _ single _ single_p99 < <(run)
+            pg_clients=$(( clients < 64 ? clients : 64 ))
+            # shellcheck disable=SC2046
+            pg_out=$(PGOPTIONS="-c synchronous_commit=on" pgbench -n -M prepared -c "$pg_clients" -j 2 \
+                -T $((seconds + 1)) $(pgbench_args "$workload") "$url" 2>&1)
+            theirs=$(echo "$pg_out" | sed -n 's/^tps = \([0-9.]*\).*/\1/p' | head -1)
+            if [ -z "$theirs" ]; then
+                echo "$pg_out" >&2
+                exit 1
+            fi
+            printf '%-8s %-7s %12.0f %9s %12.0f %9s %12.0f %9.2f\n' "$workload" "$clients" "$coalesced" \
+                "$coalesced_p99" "$single" "$single_p99" "$theirs" "$(echo "$coalesced / $theirs" | bc -l)"
+        done
+    done
+fi

@@ -21,15 +21,55 @@
 --    refusals, as the single take's guard.
 -- 2. Every other bucket is locked, in (scope, bucket_key) order as the single take and the
 --    pair do, so concurrent calls from any replica never deadlock. A missing bucket is
---    minted as the first take touching it would mint it: at that take's burst and instant.
+--    minted to be locked, but judged as missing: one at a time, a bucket is minted by the
+--    take that first gets past its guard, at that take's burst and instant, and a take that
+--    does not leaves it missing.
 -- 3. Every take is judged in order on the rows kept in variables (locked ones, and the
 --    snapshot of the rest, which nothing in the queue changes): each sees a bucket as the
 --    takes before it left it, with the same arithmetic (plexsphere.rate_budget_level), and a
 --    pair reports its first side when both are short, as one at a time would.
 -- 4. Each changed bucket is written once: a hot key's takes in one call are one row update.
+--    A bucket this call minted that no take debited is deleted again, as missing as before.
 --
 -- One row per take: take (1-based), refused (0 granted, 1 first refused, 2 second refused),
 -- and each side's (tokens, refilled_at) as debited or as judged (NULL for a side not judged).
+-- Locks one bucket, minting it when it has no row, and says whether this call minted it.
+CREATE FUNCTION plexsphere.lock_or_mint_rate_budget_row(
+    bucket_scope text,
+    key uuid,
+    burst double precision,
+    now timestamptz,
+    OUT tokens double precision,
+    OUT refilled_at timestamptz,
+    OUT minted boolean
+)
+LANGUAGE plpgsql AS $$
+BEGIN
+    minted := false;
+    SELECT b.tokens, b.refilled_at
+    INTO tokens, refilled_at
+    FROM plexsphere.rate_budgets AS b
+    WHERE b.scope = bucket_scope
+      AND b.bucket_key = key
+    FOR UPDATE;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    -- Waits for a concurrent minting of the same row, then finds it there and does nothing.
+    INSERT INTO plexsphere.rate_budgets (scope, bucket_key, tokens, refilled_at)
+    VALUES (bucket_scope, key, burst, now)
+    ON CONFLICT (scope, bucket_key) DO NOTHING
+    RETURNING true INTO minted;
+    minted := coalesce(minted, false);
+    SELECT b.tokens, b.refilled_at
+    INTO STRICT tokens, refilled_at
+    FROM plexsphere.rate_budgets AS b
+    WHERE b.scope = bucket_scope
+      AND b.bucket_key = key
+    FOR UPDATE;
+END
+$$;
+
 CREATE FUNCTION plexsphere.decide_rate_budget_batch(
     bucket_scopes text[],
     bucket_keys uuid[],
@@ -58,6 +98,8 @@ DECLARE
     held_at timestamptz[] := array_fill(NULL::timestamptz, ARRAY[buckets]);
     needed boolean[] := array_fill(false, ARRAY[buckets]);
     changed boolean[] := array_fill(false, ARRAY[buckets]);
+    minted boolean[] := array_fill(false, ARRAY[buckets]);
+    was_minted boolean;
     mint_burst double precision[] := array_fill(NULL::double precision, ARRAY[buckets]);
     mint_at timestamptz[] := array_fill(NULL::timestamptz, ARRAY[buckets]);
     b integer;
@@ -105,10 +147,17 @@ BEGIN
     -- 2. Lock what may be debited, in key order, minting what is missing.
     FOR b IN 1..buckets LOOP
         IF needed[b] THEN
-            SELECT l.tokens, l.refilled_at INTO locked_tokens, locked_at
-            FROM plexsphere.lock_rate_budget_row(bucket_scopes[b], bucket_keys[b], mint_burst[b], mint_at[b]) AS l;
-            held[b] := locked_tokens;
-            held_at[b] := locked_at;
+            SELECT l.tokens, l.refilled_at, l.minted INTO locked_tokens, locked_at, was_minted
+            FROM plexsphere.lock_or_mint_rate_budget_row(bucket_scopes[b], bucket_keys[b], mint_burst[b], mint_at[b]) AS l;
+            IF was_minted THEN
+                -- Held by this call, but missing to the takes until one gets past its guard.
+                minted[b] := true;
+                held[b] := NULL;
+                held_at[b] := NULL;
+            ELSE
+                held[b] := locked_tokens;
+                held_at[b] := locked_at;
+            END IF;
         END IF;
     END LOOP;
 
@@ -155,7 +204,14 @@ BEGIN
             CASE WHEN b2 IS NULL THEN NULL ELSE held_at[b2] END;
     END LOOP;
 
-    -- 4. One write per changed bucket.
+    -- 4. One write per changed bucket; a minted bucket nobody debited goes again.
+    DELETE FROM plexsphere.rate_budgets AS r
+    USING unnest(bucket_scopes, bucket_keys, minted, changed) AS m (scope, bucket_key, minted, changed)
+    WHERE m.minted
+      AND NOT m.changed
+      AND r.scope = m.scope
+      AND r.bucket_key = m.bucket_key;
+
     UPDATE plexsphere.rate_budgets AS r
     SET tokens = w.tokens,
         refilled_at = w.refilled_at

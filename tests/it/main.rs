@@ -15,6 +15,7 @@ mod app_resilience;
 mod app_revocation;
 mod app_security;
 mod architecture;
+mod coalescing;
 mod faults_clock;
 mod faults_database;
 mod faults_history;

@@ -83,6 +83,8 @@ pub const AUTH_FAILURE_PER_SECOND: &str = "PLEXSPHERE_AUTH_FAILURE_PER_SECOND";
 pub const AUTH_FAILURE_BURST: &str = "PLEXSPHERE_AUTH_FAILURE_BURST";
 /// `PLEXSPHERE_TRUSTED_PROXIES`: proxies whose `X-Forwarded-For` is believed.
 pub const TRUSTED_PROXIES: &str = "PLEXSPHERE_TRUSTED_PROXIES";
+/// `PLEXSPHERE_TAKE_BATCH_MAX`: the most takes one coalesced call carries.
+pub const TAKE_BATCH_MAX: &str = "PLEXSPHERE_TAKE_BATCH_MAX";
 /// `PLEXSPHERE_DECISION_TIMEOUT_MS`: how long a take waits for the shared store.
 pub const DECISION_TIMEOUT_MS: &str = "PLEXSPHERE_DECISION_TIMEOUT_MS";
 /// `PLEXSPHERE_SECRET_READ_NODE_FAIL_MODE`.
@@ -199,6 +201,11 @@ pub struct Knobs {
     /// their X-Forwarded-For is believed about a client's address (empty: none).
     #[arg(long, env = TRUSTED_PROXIES, default_value = "")]
     pub trusted_proxies: String,
+    /// The most takes one coalesced call to the database carries (1 to 1024; 1 sends every
+    /// take as a statement of its own). Concurrent takes queue while a call is on the wire and
+    /// go together as the next one.
+    #[arg(long, env = TAKE_BATCH_MAX, default_value_t = 64)]
+    pub take_batch_max: usize,
     /// How long a take waits for the shared store before it counts as not answered (and its
     /// scope's fail mode decides), in milliseconds (10 to 60000).
     #[arg(long, env = DECISION_TIMEOUT_MS, default_value_t = 250)]
@@ -445,6 +452,8 @@ pub struct Config {
     pub auth_failures: Limit,
     /// Proxies whose X-Forwarded-For is believed.
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// How concurrent takes are coalesced into calls.
+    pub coalescing: ratebudget::Coalescing,
     /// How long a take waits for the shared store.
     pub decision_timeout: Duration,
     /// Each scope's fail mode.
@@ -476,6 +485,7 @@ impl std::fmt::Debug for Config {
             .field("ingest_max_batch_bytes", &self.ingest_max_batch_bytes)
             .field("auth_failures", &self.auth_failures)
             .field("trusted_proxies", &self.trusted_proxies)
+            .field("coalescing", &self.coalescing)
             .field("decision_timeout", &self.decision_timeout)
             .field("fail_modes", &self.fail_modes)
             .field("http", &self.http)
@@ -576,6 +586,11 @@ impl Config {
         )?;
         let trusted_proxies = crate::http::throttle::parse_trusted_proxies(&knobs.trusted_proxies)
             .map_err(|problem| ConfigError::new(TRUSTED_PROXIES, problem))?;
+        if !(1..=1024).contains(&knobs.take_batch_max) {
+            return Err(ConfigError::new(TAKE_BATCH_MAX, "must be between 1 and 1024"));
+        }
+        let coalescing =
+            ratebudget::Coalescing { max_batch: knobs.take_batch_max, ..ratebudget::Coalescing::DEFAULT };
         if !(10..=60_000).contains(&knobs.decision_timeout_ms) {
             return Err(ConfigError::new(DECISION_TIMEOUT_MS, "must be between 10 and 60000"));
         }
@@ -607,6 +622,7 @@ impl Config {
             ingest_max_batch_bytes: knobs.ingest_max_batch_bytes,
             auth_failures,
             trusted_proxies,
+            coalescing,
             decision_timeout: Duration::from_millis(knobs.decision_timeout_ms),
             fail_modes,
             http,

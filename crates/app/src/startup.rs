@@ -74,7 +74,7 @@ impl Application {
         let shutdown = CancellationToken::new();
 
         let api_pool = request_pool(&config);
-        let store = Store::new(limiter_pool(&config));
+        let store = Store::new(limiter_pool(&config)).with_coalescing(config.coalescing);
         let guard = Arc::new(Guard::new(
             Arc::new(store.clone()),
             GuardConfig {

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, TimeZone, Utc};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use ratebudget::{Budget, Key, Limit, Scope, Spend, Store, Take};
+use ratebudget::{Budget, Coalescing, Key, Limit, Scope, Spend, Store, Take};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 /// What every caller does in a loop.
@@ -59,6 +59,9 @@ struct Args {
     seconds: u64,
     synchronous_commit: String,
     setup_only: bool,
+    /// Coalesce concurrent takes (the store's default); without it every take is a statement
+    /// of its own, as before coalescing.
+    coalesce: bool,
 }
 
 const WORKLOADS: [Workload; 4] = [Workload::Random, Workload::Hot, Workload::Refused, Workload::Pair];
@@ -75,6 +78,7 @@ fn parse_args() -> Args {
         seconds: 4,
         synchronous_commit: "off".into(),
         setup_only: false,
+        coalesce: false,
     };
     let mut words = std::env::args().skip(1);
     while let Some(word) = words.next() {
@@ -86,6 +90,7 @@ fn parse_args() -> Args {
             "--clients" => args.clients = value().parse().unwrap(),
             "--seconds" => args.seconds = value().parse().unwrap(),
             "--synchronous-commit" => args.synchronous_commit = value(),
+            "--coalesce" => args.coalesce = true,
             // cargo bench passes --bench to every bench target.
             "--bench" => {}
             other => panic!("unknown argument {other:?}"),
@@ -213,8 +218,12 @@ async fn measure(args: &Args, workload: Workload, clients: usize) -> Row {
     let options = PgConnectOptions::from_str(&args.database_url)
         .unwrap()
         .options([("synchronous_commit", args.synchronous_commit.as_str())]);
-    let pool = PgPoolOptions::new().max_connections(clients as u32).connect_with(options).await.unwrap();
-    let store = Store::new(pool.clone());
+    // At most 64 connections, as a replica's pool would hold (PostgreSQL allows 100 here):
+    // 256 callers share them.
+    let pool =
+        PgPoolOptions::new().max_connections(clients.min(64) as u32).connect_with(options).await.unwrap();
+    let coalescing = if args.coalesce { Coalescing::DEFAULT } else { Coalescing::OFF };
+    let store = Store::new(pool.clone()).with_coalescing(coalescing);
     let nodes = Arc::new(keys(&pool, "ingest_node").await);
     let domains = Arc::new(keys(&pool, "ingest_domain").await);
     let hot = Key::from(uuid::Uuid::parse_str("00000000-0000-4000-8000-000000000001").unwrap());

@@ -1,0 +1,206 @@
+//! Coalesced takes decide exactly as one at a time, fail as one at a time, and never let one
+//! caller's impatience cancel another's decision.
+
+use std::time::Duration as StdDuration;
+
+use chrono::{DateTime, Duration, Utc};
+use proptest::prelude::*;
+use ratebudget::{Coalescing, Decision, Error, Key, Limit, Scope, Spend, Store, Take};
+use sqlx::PgPool;
+
+use crate::support::helpers::{instant, key, FreshDatabase};
+
+/// Every bucket's row, in key order, for comparing two databases' end states.
+async fn rows(pool: &PgPool) -> Vec<(String, uuid::Uuid, f64, DateTime<Utc>)> {
+    sqlx::query_as("SELECT scope, bucket_key, tokens, refilled_at FROM plexsphere.rate_budgets ORDER BY scope, bucket_key")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+/// One take of a random workload, over `keys` (few, so that keys run hot).
+#[derive(Clone, Debug)]
+struct Step {
+    first: (usize, f64),
+    second: Option<(usize, f64)>,
+    micros: i64,
+}
+
+fn step(keys: usize) -> impl Strategy<Value = Step> {
+    let cost = prop_oneof![Just(1.0), 0.0f64..5.0, Just(0.0), 6.0f64..9.0];
+    // Forward, standing still, or back (a caller whose clock is behind).
+    let micros = prop_oneof![4 => 0i64..300_000, 2 => Just(0i64), 1 => -200_000i64..0];
+    (0..keys, cost.clone(), prop::option::of((0..keys, cost)), micros)
+        .prop_map(|(bucket, cost, second, micros)| Step { first: (bucket, cost), second, micros })
+}
+
+/// The buckets: the first half Node-scoped, the rest Domain-scoped, each with its own limit.
+fn buckets(limits: &[Limit]) -> Vec<(Scope, Key, Limit)> {
+    let half = limits.len() / 2;
+    limits
+        .iter()
+        .enumerate()
+        .map(|(i, limit)| {
+            (if i < half { Scope::SecretReadNode } else { Scope::SecretReadDomain }, key(), *limit)
+        })
+        .collect()
+}
+
+fn queue(buckets: &[(Scope, Key, Limit)], steps: &[Step]) -> Vec<(Take, DateTime<Utc>)> {
+    let spend = |(bucket, cost): (usize, f64)| {
+        let (scope, key, limit) = buckets[bucket];
+        Spend { scope, key, cost, limit }
+    };
+    let mut now = instant();
+    steps
+        .iter()
+        .map(|step| {
+            now += Duration::microseconds(step.micros);
+            let take = match step.second {
+                Some(second) => Take::Pair(spend(step.first), spend(second)),
+                None => Take::Single(spend(step.first)),
+            };
+            (take, now)
+        })
+        .collect()
+}
+
+#[test]
+fn a_coalesced_queue_decides_exactly_as_one_take_at_a_time_in_its_order() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (batched_db, batched_pool) = runtime.block_on(FreshDatabase::create());
+    let (single_db, single_pool) = runtime.block_on(FreshDatabase::create());
+    let batched = Store::new(batched_pool.clone());
+    let one_at_a_time = Store::new(single_pool.clone()).with_coalescing(Coalescing::OFF);
+    let config = ProptestConfig { cases: 48, ..ProptestConfig::default() };
+    proptest!(config, |(
+        limits in prop::collection::vec((0.5f64..20.0, 1.0f64..8.0), 2..6),
+        rounds in prop::collection::vec(prop::collection::vec(step(5), 1..40), 1..4),
+    )| {
+        let limits: Vec<Limit> = limits.into_iter().map(|(rate, burst)| Limit::new(rate, burst).unwrap()).collect();
+        let buckets = buckets(&limits);
+        let keys = buckets.len();
+        for steps in rounds {
+            let steps: Vec<Step> = steps
+                .into_iter()
+                .map(|mut step| {
+                    step.first.0 %= keys;
+                    step.second = step.second.map(|(bucket, cost)| (bucket % keys, cost));
+                    step
+                })
+                .collect();
+            let queue = queue(&buckets, &steps);
+            let together = runtime.block_on(batched.decide_all(&queue));
+            for (i, ((take, now), coalesced)) in queue.iter().zip(together).enumerate() {
+                let single = runtime.block_on(one_at_a_time.decide(*take, *now));
+                match (coalesced, single) {
+                    (Ok(coalesced), Ok(single)) => prop_assert_eq!(coalesced, single, "take {}", i),
+                    (Err(Error::InvalidBudget), Err(Error::InvalidBudget)) => {}
+                    (coalesced, single) => prop_assert!(false, "take {}: {:?} against {:?}", i, coalesced, single),
+                }
+            }
+            prop_assert_eq!(runtime.block_on(rows(&batched_pool)).len(), runtime.block_on(rows(&single_pool)).len());
+        }
+        // Same keys, two databases: the rows must be equal too, to the bit.
+        let (a, b) = (runtime.block_on(rows(&batched_pool)), runtime.block_on(rows(&single_pool)));
+        let strip = |rows: Vec<(String, uuid::Uuid, f64, DateTime<Utc>)>| -> Vec<_> {
+            rows.into_iter().filter(|(_, key, _, _)| buckets.iter().any(|(_, k, _)| k.as_uuid() == *key)).collect()
+        };
+        prop_assert_eq!(strip(a), strip(b));
+    });
+    runtime.block_on(batched_db.drop_database(batched_pool));
+    runtime.block_on(single_db.drop_database(single_pool));
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_hot_keys_queue_is_one_call_and_one_row_update(pool: PgPool) {
+    let store = Store::new(pool.clone());
+    let limit = Limit::new(1.0, 50.0).unwrap();
+    let hot = key();
+    let queue: Vec<_> = (0..60)
+        .map(|_| (Take::Single(Spend { scope: Scope::IngestNode, key: hot, cost: 1.0, limit }), instant()))
+        .collect();
+    // Count the row writes with a trigger of this test's own database.
+    for statement in [
+        "CREATE TABLE writes (op text NOT NULL)",
+        "CREATE FUNCTION count_write() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO writes VALUES (TG_OP); RETURN NULL; END $$",
+        "CREATE TRIGGER counted AFTER INSERT OR UPDATE ON plexsphere.rate_budgets FOR EACH ROW EXECUTE FUNCTION count_write()",
+    ] {
+        sqlx::query(statement).execute(&pool).await.unwrap();
+    }
+    let decisions = store.decide_all(&queue).await;
+    let granted = decisions.iter().filter(|decision| decision.as_ref().unwrap().is_granted()).count();
+    assert_eq!(granted, 50, "the burst, then refusals, in order");
+    assert!(decisions[..50].iter().all(|d| d.as_ref().unwrap().is_granted()));
+    let tokens: f64 =
+        sqlx::query_scalar("SELECT tokens FROM plexsphere.rate_budgets").fetch_one(&pool).await.unwrap();
+    assert_eq!(tokens, 0.0);
+    // Minted once, written once, for sixty takes.
+    let writes: Vec<String> =
+        sqlx::query_scalar("SELECT op FROM writes ORDER BY op").fetch_all(&pool).await.unwrap();
+    assert_eq!(writes, ["INSERT", "UPDATE"]);
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_call_that_fails_fails_each_of_its_takes_and_never_refuses(pool: PgPool) {
+    let store = Store::new(pool.clone());
+    let limit = Limit::new(1.0, 5.0).unwrap();
+    // Sabotage the coalesced take's function: the call itself fails.
+    sqlx::query("ALTER FUNCTION plexsphere.decide_rate_budget_batch RENAME TO gone")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let spend = |cost| Take::Single(Spend { scope: Scope::IngestNode, key: key(), cost, limit });
+    let queue = vec![
+        (spend(1.0), instant()),
+        (spend(0.0), instant()),
+        (spend(2.0), instant()),
+        (spend(9.0), instant()),
+    ];
+    let answers = store.decide_all(&queue).await;
+    assert!(matches!(answers[0], Err(Error::Database(_))), "{:?}", answers[0]);
+    assert!(matches!(answers[2], Err(Error::Database(_))), "{:?}", answers[2]);
+    // What needs no query is still answered.
+    assert!(answers[1].as_ref().unwrap().is_granted());
+    assert!(matches!(answers[3], Ok(Decision::InsufficientCapacity(_))));
+    let error = answers[0].as_ref().unwrap_err();
+    let chain = app::http::cause_chain(error);
+    assert!(chain.contains("decide_rate_budget_batch"), "{chain}");
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_caller_that_stops_waiting_cancels_nobody_elses_decision(pool: PgPool) {
+    let store = Store::new(pool.clone()).with_coalescing(Coalescing { max_batch: 64, max_in_flight: 1 });
+    let limit = Limit::new(1.0, 10.0).unwrap();
+    let bucket = key();
+    let take = Take::Single(Spend { scope: Scope::IngestNode, key: bucket, cost: 1.0, limit });
+    // Mint the bucket, then hold its row so the next call waits on the lock.
+    assert!(store.decide(take, instant()).await.unwrap().is_granted());
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM plexsphere.rate_budgets FOR UPDATE").execute(&mut *holder).await.unwrap();
+
+    let waiting: Vec<_> = (0..3)
+        .map(|_| {
+            tokio::spawn({
+                let store = store.clone();
+                async move { store.decide(take, instant()).await }
+            })
+        })
+        .collect();
+    // One caller gives up; it was queued or on the wire with the others.
+    let impatient = tokio::time::timeout(StdDuration::from_millis(50), store.decide(take, instant())).await;
+    assert!(impatient.is_err(), "it waited on the held row");
+    holder.commit().await.unwrap();
+
+    for caller in waiting {
+        assert!(caller.await.unwrap().unwrap().is_granted());
+    }
+    // The impatient caller's take was decided too (it stands: docs/adr/0006), so four were
+    // spent beside the first.
+    crate::support::replicas::eventually(StdDuration::from_secs(5), "the abandoned take lands", || async {
+        let tokens: f64 =
+            sqlx::query_scalar("SELECT tokens FROM plexsphere.rate_budgets").fetch_one(&pool).await.unwrap();
+        tokens == 5.0
+    })
+    .await;
+}
