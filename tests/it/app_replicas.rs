@@ -325,3 +325,36 @@ async fn the_leaders_sweep_deletes_buckets_idle_for_over_an_hour_and_keeps_the_r
     a.stop().await;
     b.stop().await;
 }
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_secret_read_again_costs_no_round_trip_and_a_change_reaches_every_replica(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let pool = pool_options.connect_with(connect.clone()).await.unwrap();
+    let [a, b] = two_replicas(&connect, &[], Arc::new(SystemClock)).await;
+    let domain = a.create_domain("d", None).await;
+    let (_, token) = a.enrol(&domain, "n").await;
+    a.put_secret(&domain, "db-password", "first").await;
+    eventually(Duration::from_secs(5), "B hears of changed secrets", || async {
+        b.metric("plexsphere_secret_change_listener_connected").await == Some(1.0)
+    })
+    .await;
+    let read = || b.get("/v1/secrets/db-password", Some(&token));
+    assert_eq!(read().await.body["value"], "first");
+
+    // With the table out of reach, B still answers from what it read: no round trip.
+    sqlx::query("ALTER TABLE plexsphere.secrets RENAME TO secrets_away").execute(&pool).await.unwrap();
+    let cached = read().await;
+    assert_eq!((cached.status, cached.body["value"].as_str()), (StatusCode::OK, Some("first")));
+    sqlx::query("ALTER TABLE plexsphere.secrets_away RENAME TO secrets").execute(&pool).await.unwrap();
+
+    // A write through A is announced; B reads the new value within a second.
+    a.put_secret(&domain, "db-password", "second").await;
+    eventually(Duration::from_secs(1), "B reads the new value", || async {
+        read().await.body["value"] == "second"
+    })
+    .await;
+    a.stop().await;
+    b.stop().await;
+}

@@ -8,6 +8,7 @@ pub mod config;
 pub mod http;
 pub mod leader;
 pub mod limits;
+pub mod listener;
 pub mod metrics;
 pub mod revocations;
 pub mod startup;

@@ -88,6 +88,7 @@ pub struct Metrics {
     registry: Arc<Registry>,
     leader: Gauge,
     revocations_listening: Gauge,
+    secret_changes_listening: Gauge,
     decisions: Family<DecisionLabels, Counter>,
     named_decisions: Family<NamedLabels, Counter>,
     take_duration: Family<ScopeLabels, Histogram>,
@@ -117,6 +118,12 @@ impl Metrics {
             leader.clone(),
         );
         let revocations_listening = Gauge::default();
+        let secret_changes_listening = Gauge::default();
+        registry.register(
+            "secret_change_listener_connected",
+            "1 while this replica hears of changed secrets, so it answers reads from its cache of them",
+            secret_changes_listening.clone(),
+        );
         registry.register(
             "revocation_listener_connected",
             "1 while revocations reach this replica's credential cache, 0 while it is bypassed",
@@ -182,6 +189,7 @@ impl Metrics {
             registry: Arc::new(registry),
             leader,
             revocations_listening,
+            secret_changes_listening,
             decisions,
             named_decisions,
             take_duration,
@@ -193,6 +201,11 @@ impl Metrics {
             swept_rows,
             clock_offset,
         }
+    }
+
+    /// Records whether the secret-change listener is connected (and the secret cache in use).
+    pub fn set_secret_changes_listening(&self, listening: bool) {
+        self.secret_changes_listening.set(i64::from(listening));
     }
 
     /// Records whether the revocation listener is connected (and the credential cache in use).

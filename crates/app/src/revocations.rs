@@ -7,19 +7,16 @@
 //!
 //! An announcement sent while the listener is not connected is lost, so the cache is used only
 //! while it is: a lost connection suspends the cache (every request asks the store) until the
-//! listener is back, and then the cache starts empty.
+//! listener is back, and then the cache starts empty. The same holds for the secrets a replica
+//! keeps, announced on [`secrets::SECRET_CHANGED_CHANNEL`] (migration 0010); both follow
+//! their channel through `crate::listener`.
 
-use std::time::Duration;
-
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
-use sqlx::ConnectOptions;
+use sqlx::postgres::PgConnectOptions;
 use tokio_util::sync::CancellationToken;
 
 use crate::http::CredentialCache;
+use crate::listener::{self, Follower};
 use crate::metrics::Metrics;
-
-/// How long the listener waits before connecting again after a failure.
-const RETRY: Duration = Duration::from_millis(500);
 
 /// Listens until `shutdown` is cancelled, keeping `cache` in step with revocations.
 pub async fn run(
@@ -28,96 +25,89 @@ pub async fn run(
     metrics: Metrics,
     shutdown: CancellationToken,
 ) {
-    // One connection, for this listener only.
-    let pool =
-        PgPoolOptions::new().max_connections(1).acquire_timeout(Duration::from_secs(10)).connect_lazy_with(
-            database
-                .application_name("plexsphere-revocations")
-                .log_statements(tracing::log::LevelFilter::Trace),
-        );
-    let mut connected_before = false;
-    loop {
-        let listener = tokio::select! {
-            () = shutdown.cancelled() => break,
-            listener = listen(&pool) => listener,
-        };
-        match listener {
-            Ok(listener) => {
-                cache.resume();
-                metrics.set_revocations_listening(true);
-                if connected_before {
-                    tracing::info!("revocation listener reconnected; credential cache in use again");
-                }
-                connected_before = true;
-                if receive(listener, &cache, &shutdown).await.is_break() {
-                    break;
-                }
-                cache.suspend();
-                tracing::warn!(
-                    "revocation listener lost its connection; every request asks the store until it is back"
-                );
-            }
-            Err(error) => {
-                tracing::warn!(%error, "revocation listener cannot connect; retrying");
-                tokio::select! {
-                    () = shutdown.cancelled() => break,
-                    () = tokio::time::sleep(RETRY) => {}
-                }
-            }
-        }
+    listener::run(database, "plexsphere-revocations", Revocations { cache, metrics }, shutdown).await;
+}
+
+/// The credential cache, and the gauge saying whether revocations reach it.
+struct Revocations {
+    cache: CredentialCache,
+    metrics: Metrics,
+}
+
+impl Follower for Revocations {
+    fn channel(&self) -> &'static str {
+        access::NODE_REVOKED_CHANNEL
     }
-    cache.suspend();
-    metrics.set_revocations_listening(false);
-    pool.close().await;
-}
 
-async fn listen(pool: &sqlx::PgPool) -> Result<PgListener, sqlx::Error> {
-    let mut listener = PgListener::connect_with(pool).await?;
-    // On a lost connection, return at once instead of reconnecting inside try_recv: the cache
-    // must be suspended before anything else happens.
-    listener.eager_reconnect(false);
-    listener.listen(access::NODE_REVOKED_CHANNEL).await?;
-    Ok(listener)
-}
+    fn resume(&self) {
+        self.cache.resume();
+        self.metrics.set_revocations_listening(true);
+    }
 
-/// Applies announcements until the connection is lost (`Continue`) or shutdown (`Break`).
-async fn receive(
-    mut listener: PgListener,
-    cache: &CredentialCache,
-    shutdown: &CancellationToken,
-) -> std::ops::ControlFlow<()> {
-    loop {
-        let notification = tokio::select! {
-            () = shutdown.cancelled() => return std::ops::ControlFlow::Break(()),
-            notification = listener.try_recv() => notification,
-        };
-        match notification {
-            Ok(Some(notification)) => apply(notification.payload(), cache),
-            Ok(None) => return std::ops::ControlFlow::Continue(()),
-            Err(error) => {
-                tracing::warn!(%error, "revocation listener failed");
-                return std::ops::ControlFlow::Continue(());
+    fn suspend(&self) {
+        self.cache.suspend();
+        self.metrics.set_revocations_listening(false);
+    }
+
+    /// One announcement: a Node's id, or `*` for all of them.
+    fn apply(&self, payload: &str) {
+        if payload == "*" {
+            tracing::info!("every node credential was revoked");
+            self.cache.revoke_all();
+            return;
+        }
+        match uuid::Uuid::parse_str(payload) {
+            Ok(node) => {
+                tracing::debug!(%node, "node credential revoked");
+                self.cache.revoke(node.into());
+            }
+            Err(_) => {
+                // Not from the trigger: forget everything rather than keep what may be revoked.
+                tracing::warn!(payload, "unreadable revocation announcement; forgetting every credential");
+                self.cache.revoke_all();
             }
         }
     }
 }
 
-/// One announcement: a Node's id, or `*` for all of them.
-fn apply(payload: &str, cache: &CredentialCache) {
-    if payload == "*" {
-        tracing::info!("every node credential was revoked");
-        cache.revoke_all();
-        return;
+/// Listens until `shutdown` is cancelled, keeping `cache` in step with changed secrets
+/// (migration 0010).
+pub async fn run_secret_changes(
+    database: PgConnectOptions,
+    cache: secrets::SecretCache,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+) {
+    listener::run(database, "plexsphere-secret-changes", SecretChanges(cache, metrics), shutdown).await;
+}
+
+/// The secrets this replica keeps, and the gauge saying whether changes reach them.
+struct SecretChanges(secrets::SecretCache, Metrics);
+
+impl Follower for SecretChanges {
+    fn channel(&self) -> &'static str {
+        secrets::SECRET_CHANGED_CHANNEL
     }
-    match uuid::Uuid::parse_str(payload) {
-        Ok(node) => {
-            tracing::debug!(%node, "node credential revoked");
-            cache.revoke(node.into());
-        }
-        Err(_) => {
-            // Not from the trigger: forget everything rather than keep what may be revoked.
-            tracing::warn!(payload, "unreadable revocation announcement; forgetting every credential");
-            cache.revoke_all();
+
+    fn resume(&self) {
+        self.0.resume();
+        self.1.set_secret_changes_listening(true);
+    }
+
+    fn suspend(&self) {
+        self.0.suspend();
+        self.1.set_secret_changes_listening(false);
+    }
+
+    /// One announcement: `domain_id:name`, or `*` for every secret.
+    fn apply(&self, payload: &str) {
+        let parsed = payload.split_once(':').and_then(|(domain, name)| {
+            Some((uuid::Uuid::parse_str(domain).ok()?, secrets::SecretName::parse(name).ok()?))
+        });
+        match parsed {
+            Some((domain, name)) => self.0.forget(domain.into(), &name),
+            // '*', or not from the trigger: forget everything rather than keep what changed.
+            None => self.0.forget_all(),
         }
     }
 }

@@ -21,6 +21,9 @@ use crate::limits::{ClockGate, DecisionObserver};
 use crate::metrics::Metrics;
 use crate::{revocations, sweep};
 
+/// How many secrets a replica keeps (sealed) to answer reads without a round trip.
+const SECRET_CACHE_CAPACITY: usize = 100_000;
+
 /// How many Node credentials a replica keeps authenticated at once.
 const CREDENTIAL_CACHE_CAPACITY: usize = 100_000;
 
@@ -60,6 +63,7 @@ pub struct Application {
     clock: JoinHandle<()>,
     resets: JoinHandle<()>,
     revocations: JoinHandle<()>,
+    secret_changes: JoinHandle<()>,
     limiter_store: Store,
 }
 
@@ -127,9 +131,10 @@ impl Application {
         let decider: Arc<dyn Decider> =
             Arc::new(ClockGate::new(guard.clone(), time.status.clone(), metrics.clone()));
         let credentials = CredentialCache::new(CREDENTIAL_CACHE_CAPACITY);
+        let secret_cache = secrets::SecretCache::new(SECRET_CACHE_CAPACITY);
         let state = AppState {
             access: bind_access(&config, &api_pool, &decider, &time),
-            secrets: bind_secrets(&config, &api_pool, &decider, &time),
+            secrets: bind_secrets(&config, &api_pool, &decider, &time, &secret_cache),
             ingest: bind_ingest(&config, &api_pool, &decider, &time),
             budgets: store.clone(),
             guard: guard.clone(),
@@ -188,6 +193,12 @@ impl Application {
             metrics.clone(),
             shutdown.clone(),
         ));
+        let secret_changes = tokio::spawn(revocations::run_secret_changes(
+            config.database.clone(),
+            secret_cache,
+            metrics.clone(),
+            shutdown.clone(),
+        ));
         tracing::info!(%local_addr, "serving");
         Ok(Application {
             local_addr,
@@ -200,6 +211,7 @@ impl Application {
             clock: time.task,
             resets,
             revocations,
+            secret_changes,
             limiter_store: store,
         })
     }
@@ -238,11 +250,13 @@ impl Application {
             mut clock,
             mut resets,
             mut revocations,
+            mut secret_changes,
             limiter_store,
             ..
         } = self;
         let (mut server_result, mut elector_done, mut sweeper_done) = (None, false, false);
-        let (mut clock_done, mut resets_done, mut revocations_done) = (false, false, false);
+        let (mut clock_done, mut resets_done, mut revocations_done, mut secret_changes_done) =
+            (false, false, false, false);
         tokio::select! {
             // Shutdown first: once it is cancelled every task ends, and that is not news.
             biased;
@@ -266,6 +280,10 @@ impl Application {
             _ = &mut resets => {
                 tracing::error!("the rate-budget reset listener stopped on its own");
                 resets_done = true;
+            }
+            _ = &mut secret_changes => {
+                tracing::error!("the secret-change listener stopped on its own");
+                secret_changes_done = true;
             }
             _ = &mut revocations => {
                 tracing::error!("the revocation listener stopped on its own");
@@ -291,6 +309,9 @@ impl Application {
         }
         if !resets_done {
             let _ = resets.await;
+        }
+        if !secret_changes_done {
+            let _ = secret_changes.await;
         }
         if !revocations_done {
             let _ = revocations.await;
@@ -382,17 +403,16 @@ fn bind_secrets(
     pool: &PgPool,
     decider: &Arc<dyn Decider>,
     time: &Time,
+    cache: &secrets::SecretCache,
 ) -> secrets::SecretsService {
     let limiter = secrets::RateBudgetReadLimiter::new(
         Spender::new(decider.clone(), time.clock.clone()),
         config.limits.secret_read_node,
         config.limits.secret_read_domain,
     );
-    secrets::SecretsService::new(
-        Arc::new(secrets::PgSecretRepository::new(pool.clone())),
-        Arc::new(limiter),
-        Arc::new(config.keyring.clone()),
-    )
+    let repository =
+        secrets::CachedSecretRepository::new(secrets::PgSecretRepository::new(pool.clone()), cache.clone());
+    secrets::SecretsService::new(Arc::new(repository), Arc::new(limiter), Arc::new(config.keyring.clone()))
 }
 
 fn bind_ingest(

@@ -24,6 +24,7 @@
 //! Only [`persistence`](PgSecretRepository) names SQL or the rate-budget store; the model,
 //! ports and service build and test without a database.
 
+mod cache;
 mod error;
 mod model;
 mod persistence;
@@ -31,11 +32,14 @@ mod ports;
 mod seal;
 mod service;
 
+pub use cache::SecretCache;
 pub use error::{BoxError, ReadError, ReadLimitError, RekeyError, RepositoryError, WriteError};
 pub use model::{
     DomainId, InvalidInput, NodeId, Reader, Secret, SecretName, SecretRef, SecretValue, StoredSecret,
 };
-pub use persistence::{PgSecretRepository, RateBudgetReadLimiter};
+pub use persistence::{
+    CachedSecretRepository, PgSecretRepository, RateBudgetReadLimiter, SECRET_CHANGED_CHANNEL,
+};
 pub use ports::{Limiter, SecretRepository};
 pub use seal::{InvalidKey, KeyId, Keyring, OpenError, Sealed, SecretsKey, StoredValue};
 pub use service::{RekeyBatch, SecretsService};

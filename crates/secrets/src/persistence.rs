@@ -9,9 +9,13 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::{
-    DomainId, KeyId, Limiter, ReadLimitError, Reader, RepositoryError, Sealed, SecretName, SecretRef,
-    SecretRepository, SecretValue, StoredSecret, StoredValue,
+    DomainId, KeyId, Limiter, ReadLimitError, Reader, RepositoryError, Sealed, SecretCache, SecretName,
+    SecretRef, SecretRepository, SecretValue, StoredSecret, StoredValue,
 };
+
+/// The channel every change to a secret is announced on (migration 0010's trigger), with
+/// `domain_id:name` as the payload, or `*` after a TRUNCATE.
+pub const SECRET_CHANGED_CHANNEL: &str = "plexsphere_secret_changed";
 
 /// What one read costs from each of its two budgets.
 const READ_COST: f64 = 1.0;
@@ -162,6 +166,56 @@ impl SecretRepository for PgSecretRepository {
             .await
             .map_err(unavailable)?;
         Ok(replaced.rows_affected() == 1)
+    }
+}
+
+/// A [`SecretRepository`] that answers reads from a [`SecretCache`] while nothing has changed,
+/// and asks `inner` otherwise; writes go to `inner` and forget the secret here at once (other
+/// replicas hear of it from the database).
+#[derive(Clone, Debug)]
+pub struct CachedSecretRepository<R> {
+    inner: R,
+    cache: SecretCache,
+}
+
+impl<R: SecretRepository> CachedSecretRepository<R> {
+    /// `inner` behind `cache`.
+    pub fn new(inner: R, cache: SecretCache) -> CachedSecretRepository<R> {
+        CachedSecretRepository { inner, cache }
+    }
+}
+
+#[async_trait::async_trait]
+impl<R: SecretRepository> SecretRepository for CachedSecretRepository<R> {
+    async fn put(&self, domain: DomainId, name: &SecretName, sealed: &Sealed) -> Result<(), RepositoryError> {
+        let written = self.inner.put(domain, name, sealed).await;
+        self.cache.forget(domain, name);
+        written
+    }
+
+    async fn get(&self, domain: DomainId, name: &SecretName) -> Result<Option<StoredValue>, RepositoryError> {
+        if let Some(known) = self.cache.get(domain, name) {
+            return Ok(known);
+        }
+        let epoch = self.cache.epoch();
+        let found = self.inner.get(domain, name).await?;
+        self.cache.insert(epoch, domain, name.clone(), found.clone());
+        Ok(found)
+    }
+
+    async fn not_sealed_under<'a>(
+        &self,
+        key: &KeyId,
+        after: Option<&'a SecretRef>,
+        limit: usize,
+    ) -> Result<Vec<StoredSecret>, RepositoryError> {
+        self.inner.not_sealed_under(key, after, limit).await
+    }
+
+    async fn replace(&self, stored: &StoredSecret, sealed: &Sealed) -> Result<bool, RepositoryError> {
+        let replaced = self.inner.replace(stored, sealed).await;
+        self.cache.forget(stored.secret.domain, &stored.secret.name);
+        replaced
     }
 }
 

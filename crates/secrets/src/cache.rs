@@ -1,0 +1,86 @@
+//! Recently read secrets, kept per replica so that a Node's reads cost no round trip while
+//! nothing changes.
+//!
+//! What is kept is the stored form (sealed), never the opened value: a read still opens it, so
+//! no secret sits in memory in the clear longer than a read takes. Every change to a secret is
+//! announced by the database (migration 0010) and the composition root's listener calls
+//! [`SecretCache::forget`] on every replica; announcements sent while the listener is not
+//! connected are lost, so the cache is used only while it is ([`SecretCache::resume`],
+//! [`SecretCache::suspend`]), as the credential cache is (docs/adr/0011).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::{DomainId, SecretName, StoredValue};
+
+/// The secrets this replica read recently; cheap to clone, clones share it.
+#[derive(Clone)]
+pub struct SecretCache {
+    entries: Arc<quick_cache::sync::Cache<(DomainId, SecretName), Option<StoredValue>>>,
+    listening: Arc<AtomicBool>,
+    /// Bumped by every forgetting, so a read that raced one does not keep what it found.
+    epoch: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for SecretCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretCache").field("entries", &self.entries.len()).finish_non_exhaustive()
+    }
+}
+
+impl SecretCache {
+    /// An empty cache of at most `capacity` secrets (the least useful go first), suspended
+    /// until its listener connects.
+    pub fn new(capacity: usize) -> SecretCache {
+        SecretCache {
+            entries: Arc::new(quick_cache::sync::Cache::new(capacity.max(1))),
+            listening: Arc::new(AtomicBool::new(false)),
+            epoch: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// The stored form of `domain`'s secret `name` (`Some(None)`: known absent), if known
+    /// and the cache is in use.
+    pub(crate) fn get(&self, domain: DomainId, name: &SecretName) -> Option<Option<StoredValue>> {
+        if !self.listening.load(Ordering::Acquire) {
+            return None;
+        }
+        self.entries.get(&(domain, name.clone()))
+    }
+
+    /// The epoch to pass to [`SecretCache::insert`] with what a read is about to find.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Keeps what a read found, unless something was forgotten since it began (`epoch`).
+    pub(crate) fn insert(&self, epoch: u64, domain: DomainId, name: SecretName, value: Option<StoredValue>) {
+        if self.listening.load(Ordering::Acquire) && self.epoch.load(Ordering::Acquire) == epoch {
+            self.entries.insert((domain, name), value);
+        }
+    }
+
+    /// Forgets one secret: it changed.
+    pub fn forget(&self, domain: DomainId, name: &SecretName) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.entries.remove(&(domain, name.clone()));
+    }
+
+    /// Forgets every secret.
+    pub fn forget_all(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.entries.clear();
+    }
+
+    /// Uses the cache again, empty: the listener is connected.
+    pub fn resume(&self) {
+        self.forget_all();
+        self.listening.store(true, Ordering::Release);
+    }
+
+    /// Stops using the cache: the listener is not connected, so changes may go unheard.
+    pub fn suspend(&self) {
+        self.listening.store(false, Ordering::Release);
+        self.forget_all();
+    }
+}
