@@ -85,6 +85,8 @@ pub const AUTH_FAILURE_BURST: &str = "PLEXSPHERE_AUTH_FAILURE_BURST";
 pub const TRUSTED_PROXIES: &str = "PLEXSPHERE_TRUSTED_PROXIES";
 /// `PLEXSPHERE_TAKE_BATCH_MAX`: the most takes one coalesced call carries.
 pub const TAKE_BATCH_MAX: &str = "PLEXSPHERE_TAKE_BATCH_MAX";
+/// `PLEXSPHERE_SECRET_CACHE_CAPACITY`: how many secrets each replica keeps read (0: none).
+pub const SECRET_CACHE_CAPACITY: &str = "PLEXSPHERE_SECRET_CACHE_CAPACITY";
 /// `PLEXSPHERE_DECISION_TIMEOUT_MS`: how long a take waits for the shared store.
 pub const DECISION_TIMEOUT_MS: &str = "PLEXSPHERE_DECISION_TIMEOUT_MS";
 /// `PLEXSPHERE_SECRET_READ_NODE_FAIL_MODE`.
@@ -206,6 +208,10 @@ pub struct Knobs {
     /// go together as the next one.
     #[arg(long, env = TAKE_BATCH_MAX, default_value_t = 64)]
     pub take_batch_max: usize,
+    /// How many secrets each replica keeps read, so that reading one again costs no round
+    /// trip while it does not change (0 to 10000000; 0 reads every secret from the database).
+    #[arg(long, env = SECRET_CACHE_CAPACITY, default_value_t = 100_000)]
+    pub secret_cache_capacity: usize,
     /// How long a take waits for the shared store before it counts as not answered (and its
     /// scope's fail mode decides), in milliseconds (10 to 60000).
     #[arg(long, env = DECISION_TIMEOUT_MS, default_value_t = 250)]
@@ -454,6 +460,8 @@ pub struct Config {
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// How concurrent takes are coalesced into calls.
     pub coalescing: ratebudget::Coalescing,
+    /// How many secrets each replica keeps read (0: none).
+    pub secret_cache_capacity: usize,
     /// How long a take waits for the shared store.
     pub decision_timeout: Duration,
     /// Each scope's fail mode.
@@ -591,6 +599,9 @@ impl Config {
         }
         let coalescing =
             ratebudget::Coalescing { max_batch: knobs.take_batch_max, ..ratebudget::Coalescing::DEFAULT };
+        if knobs.secret_cache_capacity > 10_000_000 {
+            return Err(ConfigError::new(SECRET_CACHE_CAPACITY, "must be between 0 and 10000000"));
+        }
         if !(10..=60_000).contains(&knobs.decision_timeout_ms) {
             return Err(ConfigError::new(DECISION_TIMEOUT_MS, "must be between 10 and 60000"));
         }
@@ -623,6 +634,7 @@ impl Config {
             auth_failures,
             trusted_proxies,
             coalescing,
+            secret_cache_capacity: knobs.secret_cache_capacity,
             decision_timeout: Duration::from_millis(knobs.decision_timeout_ms),
             fail_modes,
             http,

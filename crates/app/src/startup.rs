@@ -22,7 +22,6 @@ use crate::metrics::Metrics;
 use crate::{revocations, sweep};
 
 /// How many secrets a replica keeps (sealed) to answer reads without a round trip.
-const SECRET_CACHE_CAPACITY: usize = 100_000;
 
 /// How many Node credentials a replica keeps authenticated at once.
 const CREDENTIAL_CACHE_CAPACITY: usize = 100_000;
@@ -131,7 +130,7 @@ impl Application {
         let decider: Arc<dyn Decider> =
             Arc::new(ClockGate::new(guard.clone(), time.status.clone(), metrics.clone()));
         let credentials = CredentialCache::new(CREDENTIAL_CACHE_CAPACITY);
-        let secret_cache = secrets::SecretCache::new(SECRET_CACHE_CAPACITY);
+        let secret_cache = secrets::SecretCache::new(config.secret_cache_capacity);
         let state = AppState {
             access: bind_access(&config, &api_pool, &decider, &time),
             secrets: bind_secrets(&config, &api_pool, &decider, &time, &secret_cache),

@@ -20,6 +20,8 @@ pub struct SecretCache {
     listening: Arc<AtomicBool>,
     /// Bumped by every forgetting, so a read that raced one does not keep what it found.
     epoch: Arc<AtomicU64>,
+    /// A cache of capacity 0 is off: it never resumes, so every read goes to the database.
+    enabled: bool,
 }
 
 impl std::fmt::Debug for SecretCache {
@@ -30,12 +32,13 @@ impl std::fmt::Debug for SecretCache {
 
 impl SecretCache {
     /// An empty cache of at most `capacity` secrets (the least useful go first), suspended
-    /// until its listener connects.
+    /// until its listener connects; with `capacity` 0 it is off for good.
     pub fn new(capacity: usize) -> SecretCache {
         SecretCache {
             entries: Arc::new(quick_cache::sync::Cache::new(capacity.max(1))),
             listening: Arc::new(AtomicBool::new(false)),
             epoch: Arc::new(AtomicU64::new(0)),
+            enabled: capacity > 0,
         }
     }
 
@@ -75,12 +78,58 @@ impl SecretCache {
     /// Uses the cache again, empty: the listener is connected.
     pub fn resume(&self) {
         self.forget_all();
-        self.listening.store(true, Ordering::Release);
+        self.listening.store(self.enabled, Ordering::Release);
     }
 
     /// Stops using the cache: the listener is not connected, so changes may go unheard.
     pub fn suspend(&self) {
         self.listening.store(false, Ordering::Release);
         self.forget_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> (DomainId, SecretName) {
+        (DomainId::from(uuid::Uuid::new_v4()), SecretName::parse("db-password").unwrap())
+    }
+
+    #[test]
+    fn nothing_is_served_until_the_listener_connects_nor_after_it_drops() {
+        let cache = SecretCache::new(16);
+        let (domain, name) = key();
+        cache.insert(cache.epoch(), domain, name.clone(), None);
+        assert_eq!(cache.get(domain, &name), None, "kept before the listener connected");
+
+        cache.resume();
+        cache.insert(cache.epoch(), domain, name.clone(), None);
+        assert_eq!(cache.get(domain, &name), Some(None));
+
+        cache.suspend();
+        assert_eq!(cache.get(domain, &name), None, "served while changes could go unheard");
+        cache.resume();
+        assert_eq!(cache.get(domain, &name), None, "what was kept before the gap survived it");
+    }
+
+    #[test]
+    fn a_read_that_raced_a_change_does_not_keep_what_it_found() {
+        let cache = SecretCache::new(16);
+        cache.resume();
+        let (domain, name) = key();
+        let before_the_change = cache.epoch();
+        cache.forget(domain, &name);
+        cache.insert(before_the_change, domain, name.clone(), None);
+        assert_eq!(cache.get(domain, &name), None);
+    }
+
+    #[test]
+    fn capacity_zero_is_off_for_good() {
+        let cache = SecretCache::new(0);
+        cache.resume();
+        let (domain, name) = key();
+        cache.insert(cache.epoch(), domain, name.clone(), None);
+        assert_eq!(cache.get(domain, &name), None);
     }
 }

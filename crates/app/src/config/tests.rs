@@ -71,6 +71,10 @@ fn invalid_knobs_are_named() {
     rejects(&[(HTTP_REQUEST_TIMEOUT_MS, "3000")], HTTP_REQUEST_TIMEOUT_MS);
     rejects(&[(SHUTDOWN_GRACE_SECS, "3601")], SHUTDOWN_GRACE_SECS);
     rejects(&[(MAX_CLOCK_SKEW_MS, "5")], MAX_CLOCK_SKEW_MS);
+    rejects(&[(TAKE_BATCH_MAX, "0")], TAKE_BATCH_MAX);
+    rejects(&[(TAKE_BATCH_MAX, "1025")], TAKE_BATCH_MAX);
+    rejects(&[(SECRET_CACHE_CAPACITY, "10000001")], SECRET_CACHE_CAPACITY);
+    rejects(&[(DECISION_TIMEOUT_MS, "9")], DECISION_TIMEOUT_MS);
 }
 
 #[test]
