@@ -21,8 +21,6 @@ use crate::limits::{ClockGate, DecisionObserver};
 use crate::metrics::Metrics;
 use crate::{revocations, sweep};
 
-/// How many secrets a replica keeps (sealed) to answer reads without a round trip.
-
 /// How many Node credentials a replica keeps authenticated at once.
 const CREDENTIAL_CACHE_CAPACITY: usize = 100_000;
 
