@@ -174,12 +174,36 @@ async fn a_caller_that_stops_waiting_cancels_nobody_elses_decision(pool: PgPool)
     let limit = Limit::new(1.0, 10.0).unwrap();
     let bucket = key();
     let take = Take::Single(Spend { scope: Scope::IngestNode, key: bucket, cost: 1.0, limit });
+    let tokens = || async {
+        sqlx::query_scalar::<_, f64>("SELECT tokens FROM plexsphere.rate_budgets")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
     // Mint the bucket, then hold its row so the next call waits on the lock.
     assert!(store.decide(take, instant()).await.unwrap().is_granted());
     let mut holder = pool.begin().await.unwrap();
     sqlx::query("SELECT 1 FROM plexsphere.rate_budgets FOR UPDATE").execute(&mut *holder).await.unwrap();
 
-    let waiting: Vec<_> = (0..3)
+    // The only call allowed on the wire gives up while it waits on the held row...
+    let on_the_wire = tokio::spawn({
+        let store = store.clone();
+        async move { tokio::time::timeout(StdDuration::from_secs(30), store.decide(take, instant())).await }
+    });
+    crate::support::replicas::eventually(StdDuration::from_secs(5), "a call waits on the row", || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        waiting == 1
+    })
+    .await;
+    on_the_wire.abort();
+    assert!(on_the_wire.await.unwrap_err().is_cancelled());
+    // ...while two callers queue behind it, and one more queues and gives up.
+    let queued: Vec<_> = (0..2)
         .map(|_| {
             tokio::spawn({
                 let store = store.clone();
@@ -187,20 +211,20 @@ async fn a_caller_that_stops_waiting_cancels_nobody_elses_decision(pool: PgPool)
             })
         })
         .collect();
-    // One caller gives up; it was queued or on the wire with the others.
     let impatient = tokio::time::timeout(StdDuration::from_millis(50), store.decide(take, instant())).await;
-    assert!(impatient.is_err(), "it waited on the held row");
+    assert!(impatient.is_err(), "it waited behind the held row");
     holder.commit().await.unwrap();
 
-    for caller in waiting {
+    for caller in queued {
         assert!(caller.await.unwrap().unwrap().is_granted());
     }
-    // The impatient caller's take was decided too (it stands: docs/adr/0006), so four were
-    // spent beside the first.
-    crate::support::replicas::eventually(StdDuration::from_secs(5), "the abandoned take lands", || async {
-        let tokens: f64 =
-            sqlx::query_scalar("SELECT tokens FROM plexsphere.rate_budgets").fetch_one(&pool).await.unwrap();
-        tokens == 5.0
+    // The call already sent is decided whole, its abandoned take included (docs/adr/0006);
+    // the take abandoned in the queue was never sent. So three were spent beside the first.
+    crate::support::replicas::eventually(StdDuration::from_secs(5), "the queued takes land", || async {
+        tokens().await == 6.0
     })
     .await;
+    // And nothing more lands later.
+    assert!(store.decide(take, instant()).await.unwrap().is_granted());
+    assert_eq!(tokens().await, 5.0);
 }

@@ -9,7 +9,8 @@
 //!
 //! The calls run on tasks of their own ("drivers"), at most a few at a time, each looping
 //! while the queue is not empty. A caller waits for its answer on a channel; one whose
-//! deadline passes stops waiting and nobody else notices.
+//! deadline passes stops waiting and nobody else notices: its take, if not yet sent, is
+//! dropped from the queue, and if already sent is decided with the rest of its call.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -120,8 +121,22 @@ impl Coalescer {
                     state.drivers -= 1;
                     return;
                 }
-                let n = state.queue.len().min(self.coalescing.max_batch);
-                state.queue.drain(..n).collect()
+                // A take whose caller stopped waiting is not sent: its request was already
+                // answered without it, and under a slow database this is what lets the queue
+                // drain instead of spending budgets for requests nobody waits on.
+                let mut batch = Vec::with_capacity(state.queue.len().min(self.coalescing.max_batch));
+                while batch.len() < self.coalescing.max_batch {
+                    match state.queue.pop_front() {
+                        Some(queued) if queued.answer.is_closed() => continue,
+                        Some(queued) => batch.push(queued),
+                        None => break,
+                    }
+                }
+                if batch.is_empty() {
+                    state.drivers -= 1;
+                    return;
+                }
+                batch
             };
             let statements: Vec<(Statement, DateTime<Utc>)> =
                 batch.iter().map(|queued| (queued.statement, queued.now)).collect();
