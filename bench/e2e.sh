@@ -34,6 +34,7 @@ baseline_tree=
 cleanup() {
     [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null
     [ -n "$baseline_tree" ] && git worktree remove --force "$baseline_tree" 2>/dev/null
+    [ -n "${KEEP_WORK:-}" ] && echo "kept $work" >&2 && return
     rm -rf "$work"
 }
 trap cleanup EXIT

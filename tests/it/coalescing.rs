@@ -228,3 +228,51 @@ async fn a_caller_that_stops_waiting_cancels_nobody_elses_decision(pool: PgPool)
     assert!(store.decide(take, instant()).await.unwrap().is_granted());
     assert_eq!(tokens().await, 5.0);
 }
+
+/// Coalesced calls, pair functions and single takes from several stores (replicas) on the
+/// same Node and Domain buckets, all at once: every lock is taken in the one global order, so
+/// none of them may fail, deadlocked or otherwise. (PostgreSQL breaks a deadlock after
+/// `deadlock_timeout` by failing one of its transactions, which would surface here as
+/// `Error::Database`.)
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn concurrent_calls_and_pairs_from_several_replicas_never_deadlock(pool: PgPool) {
+    let limit = Limit::new(1_000_000.0, 1_000_000.0).unwrap();
+    let domains = [key(), key()];
+    let nodes: Vec<Key> = (0..8).map(|_| key()).collect();
+    let replicas = [
+        Store::new(pool.clone()),
+        Store::new(pool.clone()),
+        Store::new(pool.clone()).with_coalescing(Coalescing::OFF),
+    ];
+    let mut callers = Vec::new();
+    for caller in 0..48usize {
+        let store = replicas[caller % replicas.len()].clone();
+        let nodes = nodes.clone();
+        callers.push(tokio::spawn(async move {
+            for round in 0..25usize {
+                let node = nodes[(caller + round) % nodes.len()];
+                let domain = domains[(caller / 3 + round) % domains.len()];
+                let node_side = Spend { scope: Scope::SecretReadNode, key: node, cost: 1.0, limit };
+                let domain_side = Spend { scope: Scope::SecretReadDomain, key: domain, cost: 1.0, limit };
+                // Both orders of naming the sides, and single takes, interleaved.
+                let take = match round % 3 {
+                    0 => Take::Pair(node_side, domain_side),
+                    1 => Take::Pair(domain_side, node_side),
+                    _ => Take::Single(domain_side),
+                };
+                store.decide(take, instant()).await?;
+            }
+            Ok::<(), Error>(())
+        }));
+    }
+    for caller in callers {
+        caller.await.unwrap().expect("a take failed");
+    }
+    let spent: f64 = sqlx::query_scalar("SELECT sum(1000000 - tokens) FROM plexsphere.rate_budgets")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    // Every take was granted: a pair debits two buckets, a single one.
+    let debits_per_caller: usize = (0..25usize).map(|round| if round % 3 == 2 { 1 } else { 2 }).sum();
+    assert_eq!(spent.round(), (48 * debits_per_caller) as f64);
+}

@@ -251,7 +251,8 @@ async fn run_many(
     connection: &mut PgConnection,
     statements: &[(Statement, DateTime<Utc>)],
 ) -> Result<Vec<Decision>, sqlx::Error> {
-    // The distinct buckets, in the global (scope, key) order every caller locks in.
+    // The distinct buckets. The function locks them in PostgreSQL's (scope, bucket_key) order, the
+    // pair's; this map only numbers them (Scope's own order is not the text order).
     let mut buckets: BTreeMap<(Scope, Key), i32> = BTreeMap::new();
     for (statement, _) in statements {
         for spend in sides(*statement).into_iter().flatten() {
