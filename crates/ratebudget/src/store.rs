@@ -89,7 +89,7 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<bool, Error> {
         let limit = Limit::try_from(budget)?;
-        let decision = self.decide(Take::Single(Spend { scope, key, cost, limit }), now).await?;
+        let decision = self.decide(Take::Single(Spend::new(scope, key, cost, limit)), now).await?;
         Ok(decision.is_granted())
     }
 

@@ -43,6 +43,20 @@ fn bearer(parts: &Parts) -> Option<&str> {
 /// A request the operator made; extracting it answers 401 for anyone else.
 pub(super) struct Operator;
 
+impl Operator {
+    /// Who this operator is, as every change it makes records it (a rule's `created_by`).
+    ///
+    /// There is one operator token, so one name. This is the one place that says so: when
+    /// operators have tokens of their own, the extractor keeps whose token it was and this
+    /// returns that name.
+    ///
+    /// # Errors
+    /// A 500 if the name is not one a change can record (never, for this fixed one).
+    pub(super) fn actor(&self) -> Result<rules::Actor, ApiError> {
+        rules::Actor::new("operator").map_err(ApiError::internal)
+    }
+}
+
 impl FromRequestParts<AppState> for Operator {
     type Rejection = ApiError;
 

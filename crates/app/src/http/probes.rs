@@ -14,13 +14,17 @@ pub(super) async fn healthz() -> Json<serde_json::Value> {
     Json(json!({ "status": "ok" }))
 }
 
-/// `GET /readyz`: 200 only when the database answers in time and this replica's clock is
-/// within its bound of the database's (it does not decide otherwise), so a load balancer sends
-/// traffic elsewhere while either fails.
+/// `GET /readyz`: 200 only when the database answers in time, this replica's clock is within
+/// its bound of the database's, and its rules and tiers are loaded (it does not decide
+/// otherwise), so a load balancer sends traffic elsewhere while any of them fails.
 pub(super) async fn readyz(State(state): State<AppState>) -> Response {
     if let Err(untrusted) = state.clock.check() {
         tracing::warn!(cause = %untrusted, "not ready: the clock cannot be trusted");
         return error_response(StatusCode::SERVICE_UNAVAILABLE, "not_ready", "the clock cannot be trusted");
+    }
+    if !state.rule_budgets.loaded() {
+        tracing::warn!("not ready: the rate-budget rules and Domain tiers are not loaded yet");
+        return error_response(StatusCode::SERVICE_UNAVAILABLE, "not_ready", "the rules are not loaded yet");
     }
     let probe = sqlx::query("SELECT 1").execute(&state.readiness);
     match tokio::time::timeout(state.database_timeout, probe).await {
