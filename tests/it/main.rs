@@ -18,5 +18,8 @@ mod faults_leader;
 mod guard;
 mod ingest_adapters;
 mod ratebudget_store;
+mod rules_api;
+mod rules_enforcement;
+mod rules_store;
 mod secrets_adapters;
 mod support;

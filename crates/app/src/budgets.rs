@@ -36,7 +36,7 @@ use uuid::Uuid;
 
 use crate::config::{Config, Limits};
 use crate::http::cause_chain;
-use crate::metrics::RulesReading;
+use crate::metrics::LimitsReading;
 
 /// A Domain's tier as the rules select by it: the same four, by the same text.
 pub fn rules_tier(tier: access::Tier) -> rules::Tier {
@@ -204,13 +204,14 @@ impl RuleBudgets {
         state.rules.is_some() && state.tiers.is_some()
     }
 
-    /// What `/metrics` shows of the snapshot and the directory.
-    pub fn reading(&self) -> RulesReading {
+    /// What `/metrics` shows of the snapshot, the directory and the guard.
+    pub fn reading(&self) -> LimitsReading {
         let state = read(&self.state);
-        RulesReading {
+        LimitsReading {
             snapshot_version: state.rules.as_ref().map_or(-1, |rules| rules.snapshot.revision()),
             snapshot_age_seconds: state.confirmed_at.map_or(0.0, |at| at.elapsed().as_secs_f64()),
             tiers_version: state.tiers.as_ref().map_or(-1, |tiers| tiers.revision),
+            precheck_buckets: self.guard.remembered_buckets(),
         }
     }
 

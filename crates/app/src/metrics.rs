@@ -87,25 +87,33 @@ enum SweepOutcomeLabel {
 /// `None` for waiting where the set cannot tell.
 type PoolProbe = Box<dyn Fn() -> (usize, Option<usize>) + Send + Sync>;
 
-/// What the replica's rules snapshot and tier directory are, read when `/metrics` is scraped.
+/// What the replica decides its limits with, read when `/metrics` is scraped: the rules
+/// snapshot, the tier directory, and how many buckets the guard remembers.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct RulesReading {
+pub struct LimitsReading {
     /// The rules' revision the snapshot holds (-1 before the first load).
     pub snapshot_version: i64,
     /// Seconds since the snapshot was last known current (loaded, or its revision confirmed).
     pub snapshot_age_seconds: f64,
     /// The tiers' revision the directory holds (-1 before the first load).
     pub tiers_version: i64,
+    /// Buckets the guard's pre-check and fallback remember.
+    pub precheck_buckets: u64,
 }
 
-impl Default for RulesReading {
+impl Default for LimitsReading {
     /// Nothing loaded.
     fn default() -> Self {
-        RulesReading { snapshot_version: -1, snapshot_age_seconds: 0.0, tiers_version: -1 }
+        LimitsReading {
+            snapshot_version: -1,
+            snapshot_age_seconds: 0.0,
+            tiers_version: -1,
+            precheck_buckets: 0,
+        }
     }
 }
 
-type RulesProbe = Box<dyn Fn() -> RulesReading + Send + Sync>;
+type LimitsProbe = Box<dyn Fn() -> LimitsReading + Send + Sync>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FlushLabels {
@@ -130,7 +138,8 @@ pub struct Metrics {
     rules_snapshot_version: Gauge,
     rules_snapshot_age: Gauge<f64, AtomicU64>,
     domain_tiers_version: Gauge,
-    rules_probe: Arc<Mutex<Option<RulesProbe>>>,
+    precheck_buckets: Gauge,
+    limits_probe: Arc<Mutex<Option<LimitsProbe>>>,
     usage_flushes: Family<FlushLabels, Counter>,
 }
 
@@ -224,6 +233,12 @@ impl Metrics {
             "The Domain tiers' revision this replica's tier directory holds (-1 before the first load)",
             domain_tiers_version.clone(),
         );
+        let precheck_buckets = Gauge::default();
+        registry.register(
+            "rate_budget_precheck_buckets",
+            "Buckets this replica's guard remembers for its pre-check and fallback (a rule change that may grow a budget forgets those it governs)",
+            precheck_buckets.clone(),
+        );
         let usage_flushes = Family::<FlushLabels, Counter>::default();
         registry.register(
             "rule_usage_flushes",
@@ -246,7 +261,8 @@ impl Metrics {
             rules_snapshot_version,
             rules_snapshot_age,
             domain_tiers_version,
-            rules_probe: Arc::default(),
+            precheck_buckets,
+            limits_probe: Arc::default(),
             usage_flushes,
         }
     }
@@ -287,9 +303,9 @@ impl Metrics {
         lock(&self.pools).push((pool, Box::new(probe)));
     }
 
-    /// Reports the rules snapshot and tier directory on every scrape from `probe`.
-    pub fn watch_rules(&self, probe: impl Fn() -> RulesReading + Send + Sync + 'static) {
-        *lock(&self.rules_probe) = Some(Box::new(probe));
+    /// Reports the rules snapshot, tier directory and guard on every scrape from `probe`.
+    pub fn watch_limits(&self, probe: impl Fn() -> LimitsReading + Send + Sync + 'static) {
+        *lock(&self.limits_probe) = Some(Box::new(probe));
     }
 
     /// Counts one flush of rule usage counts.
@@ -319,11 +335,12 @@ impl Metrics {
                 self.connections_waiting.get_or_create(&PoolLabels { pool }).set(waiting as i64);
             }
         }
-        if let Some(probe) = lock(&self.rules_probe).as_ref() {
+        if let Some(probe) = lock(&self.limits_probe).as_ref() {
             let reading = probe();
             self.rules_snapshot_version.set(reading.snapshot_version);
             self.rules_snapshot_age.set(reading.snapshot_age_seconds);
             self.domain_tiers_version.set(reading.tiers_version);
+            self.precheck_buckets.set(i64::try_from(reading.precheck_buckets).unwrap_or(i64::MAX));
         }
         let mut text = String::new();
         // Writing into a String cannot fail.

@@ -155,7 +155,7 @@ impl Application {
         // Weak: the budgets hold the guard, whose observer holds the metrics; a strong
         // reference here would be a cycle that keeps every pool the metrics watch open.
         let reading = Arc::downgrade(&rule_budgets);
-        metrics.watch_rules(move || reading.upgrade().map(|budgets| budgets.reading()).unwrap_or_default());
+        metrics.watch_limits(move || reading.upgrade().map(|budgets| budgets.reading()).unwrap_or_default());
         let state = AppState {
             access: access::AccessService::new(
                 Arc::new(access::PgAccessRepository::new(api_pool.clone())),

@@ -314,6 +314,12 @@ impl Guard {
         })
     }
 
+    /// How many buckets this replica remembers (pre-check and fallback state), at most the
+    /// configured capacity.
+    pub fn remembered_buckets(&self) -> u64 {
+        self.entries.len() as u64
+    }
+
     /// Whether the store is treated as failing right now (its circuit is open).
     pub fn store_failing(&self) -> bool {
         matches!(*lock(&self.circuit), Circuit::Open { .. })
