@@ -308,6 +308,11 @@ async fn a_gcra_rule_governs_issuance_from_the_named_limiter(pool: PgPool) {
     .await
     .unwrap();
     assert_eq!(buckets, 0);
+    // A reset forgets the key, whichever algorithm governs: enrolment is admitted again.
+    let reset =
+        api.operator(Method::DELETE, &format!("/v1/budgets/access_issuance_domain/{domain}"), None).await;
+    assert_eq!(reset.body, json!({ "existed": true }));
+    assert_eq!(enrol().await.status, StatusCode::CREATED);
     api.stop().await;
 }
 

@@ -331,16 +331,7 @@ pub(super) async fn reset_budget(
 ) -> Result<Json<ResetBody>, ApiError> {
     let scope: ratebudget::Scope = scope.parse().map_err(ApiError::bad_request)?;
     let key = parse_uuid(&key, "key")?;
-    // A rule may govern the scope with GCRA, whose state is the scope's named limiter's key:
-    // both are forgotten, whichever governs now.
-    let limiter = ratebudget::LimiterName::of_scope(scope);
-    let named = ratebudget::NamedKey::of(limiter, key.as_bytes());
-    let reset = async {
-        let bucket = state.budgets.reset(scope, key.into()).await?;
-        let named = state.budgets.reset_named(limiter, named).await?;
-        Ok::<_, ratebudget::Error>(bucket || named)
-    };
-    let existed = state.bounded("resetting a budget", reset).await??;
+    let existed = state.bounded("resetting a budget", state.budgets.reset(scope, key.into())).await??;
     // This replica forgets at once; the others when the reset's notification reaches them.
     state.guard.forget(scope, key.into());
     tracing::info!(%scope, %key, existed, "operator reset a rate budget");
