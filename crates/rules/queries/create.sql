@@ -1,15 +1,16 @@
 -- Writes a rule where none stands, as the version after its last one (1 for a new id), in one
--- statement: the rule, its history row, the rules' revision and the notification.
+-- statement: the rule, and plexsphere.record_rule_change (its history row, the rules'
+-- revision and the notification; migration 0057).
 --
 -- Parameters: $1 rule_id, $2 scope, $3 selector tier (or NULL), $4 selector domain (or NULL),
 -- $5 rate, $6 per_ms, $7 burst, $8 algorithm, $9 mode, $10 fail_mode, $11 priority,
 -- $12 created_by, $13 the notification channel. Answers the rule as written, or no row when a
 -- rule of that id exists (ON CONFLICT DO NOTHING: a concurrent creator wins or loses whole).
 --
--- Order of locks: the rule's row first, then the revision row, because `bumped` reads
--- `inserted`; every change statement does the same, so two of them never deadlock. A create
--- racing a delete of the same id can compute the version the deletion took (this statement's
--- snapshot predates it): the history's primary key refuses it, and the caller retries.
+-- `RETURNING *` on purpose: the row is handed whole to record_rule_change as a
+-- plexsphere.rules, whose column order it must match. A create racing a delete of the same id
+-- can compute the version the deletion took (this statement's snapshot predates it): the
+-- history's primary key refuses it, and the caller retries.
 WITH previous AS (
     SELECT coalesce(max(version), 0) AS version
     FROM plexsphere.rule_versions
@@ -40,48 +41,13 @@ inserted AS (
         now()
     FROM previous
     ON CONFLICT (rule_id) DO NOTHING
-    RETURNING
-        rule_id, scope, selector, rate, per_ms, burst, algorithm, mode, fail_mode, priority,
-        version, created_by, updated_at
-),
-bumped AS (
-    UPDATE plexsphere.rule_revision
-    SET revision = revision + 1
-    WHERE EXISTS (SELECT 1 FROM inserted)
-    RETURNING revision
-),
-logged AS (
-    INSERT INTO plexsphere.rule_versions (
-        rule_id, version, change, rolled_back_to, scope, selector, rate, per_ms, burst, algorithm,
-        mode, fail_mode, priority, created_by, created_at, revision
-    )
-    SELECT
-        inserted.rule_id, inserted.version, 'created', NULL, inserted.scope, inserted.selector,
-        inserted.rate, inserted.per_ms, inserted.burst, inserted.algorithm, inserted.mode,
-        inserted.fail_mode, inserted.priority, inserted.created_by, inserted.updated_at,
-        bumped.revision
-    FROM inserted
-    CROSS JOIN bumped
-    RETURNING revision
-),
-told AS (
-    SELECT pg_notify($13::text, revision::text)
-    FROM logged
+    RETURNING *
 )
 SELECT
-    rule_id,
-    scope,
-    selector ->> 'tier' AS selector_tier,
-    selector ->> 'domain' AS selector_domain,
-    rate,
-    per_ms,
-    burst,
-    algorithm,
-    mode,
-    fail_mode,
-    priority,
-    version,
-    created_by,
-    updated_at,
-    (SELECT count(*) FROM told) AS told
+    rule_id, scope, selector ->> 'tier' AS selector_tier, selector ->> 'domain' AS selector_domain,
+    rate, per_ms, burst, algorithm, mode, fail_mode, priority, version, created_by, updated_at,
+    plexsphere.record_rule_change(
+        ROW(inserted.*)::plexsphere.rules,
+        inserted.version, 'created', NULL, inserted.created_by, inserted.updated_at, $13::text
+    ) AS revision
 FROM inserted

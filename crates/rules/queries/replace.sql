@@ -1,7 +1,8 @@
 -- Replaces a rule if, and only if, it is at the version its writer read: one conditional
 -- UPDATE, so of two writers holding the same version exactly one wins (the second waits for
 -- the first's row lock, then finds the version moved on and matches nothing). With it, in the
--- same statement, the history row, the rules' revision and the notification.
+-- same statement, plexsphere.record_rule_change (migration 0057). `RETURNING *` hands the row
+-- whole to it, as a plexsphere.rules.
 --
 -- Parameters: $1 rule_id, $2 scope, $3 selector tier (or NULL), $4 selector domain (or NULL),
 -- $5 rate, $6 per_ms, $7 burst, $8 algorithm, $9 mode, $10 fail_mode, $11 priority,
@@ -28,48 +29,13 @@ WITH updated AS (
         updated_at = now()
     WHERE rule_id = $1::text
       AND version = $14::bigint
-    RETURNING
-        rule_id, scope, selector, rate, per_ms, burst, algorithm, mode, fail_mode, priority,
-        version, created_by, updated_at
-),
-bumped AS (
-    UPDATE plexsphere.rule_revision
-    SET revision = revision + 1
-    WHERE EXISTS (SELECT 1 FROM updated)
-    RETURNING revision
-),
-logged AS (
-    INSERT INTO plexsphere.rule_versions (
-        rule_id, version, change, rolled_back_to, scope, selector, rate, per_ms, burst, algorithm,
-        mode, fail_mode, priority, created_by, created_at, revision
-    )
-    SELECT
-        updated.rule_id, updated.version, 'replaced', NULL, updated.scope, updated.selector,
-        updated.rate, updated.per_ms, updated.burst, updated.algorithm, updated.mode,
-        updated.fail_mode, updated.priority, updated.created_by, updated.updated_at,
-        bumped.revision
-    FROM updated
-    CROSS JOIN bumped
-    RETURNING revision
-),
-told AS (
-    SELECT pg_notify($13::text, revision::text)
-    FROM logged
+    RETURNING *
 )
 SELECT
-    rule_id,
-    scope,
-    selector ->> 'tier' AS selector_tier,
-    selector ->> 'domain' AS selector_domain,
-    rate,
-    per_ms,
-    burst,
-    algorithm,
-    mode,
-    fail_mode,
-    priority,
-    version,
-    created_by,
-    updated_at,
-    (SELECT count(*) FROM told) AS told
+    rule_id, scope, selector ->> 'tier' AS selector_tier, selector ->> 'domain' AS selector_domain,
+    rate, per_ms, burst, algorithm, mode, fail_mode, priority, version, created_by, updated_at,
+    plexsphere.record_rule_change(
+        ROW(updated.*)::plexsphere.rules,
+        updated.version, 'replaced', NULL, updated.created_by, updated.updated_at, $13::text
+    ) AS revision
 FROM updated

@@ -1,6 +1,7 @@
 -- Rolls a rule back to an earlier version's content, whatever version it is at now, as its
 -- next version; a deleted rule is recreated. One statement: an upsert from the history row,
--- the history row of the rollback, the revision and the notification.
+-- and plexsphere.record_rule_change (migration 0057), handed the rule's columns in the
+-- table's order (`recreated` is not one of them).
 --
 -- Parameters: $1 rule_id, $2 the version to roll back to, $3 created_by, $4 the notification
 -- channel. Answers the rule as written and whether it was recreated, or no row when the rule
@@ -47,49 +48,18 @@ written AS (
         version = plexsphere.rules.version + 1,
         created_by = EXCLUDED.created_by,
         updated_at = EXCLUDED.updated_at
-    RETURNING
-        rule_id, scope, selector, rate, per_ms, burst, algorithm, mode, fail_mode, priority,
-        version, created_by, updated_at, (xmax = 0) AS recreated
-),
-bumped AS (
-    UPDATE plexsphere.rule_revision
-    SET revision = revision + 1
-    WHERE EXISTS (SELECT 1 FROM written)
-    RETURNING revision
-),
-logged AS (
-    INSERT INTO plexsphere.rule_versions (
-        rule_id, version, change, rolled_back_to, scope, selector, rate, per_ms, burst, algorithm,
-        mode, fail_mode, priority, created_by, created_at, revision
-    )
-    SELECT
-        written.rule_id, written.version, 'rolled_back', $2::bigint, written.scope, written.selector,
-        written.rate, written.per_ms, written.burst, written.algorithm, written.mode,
-        written.fail_mode, written.priority, written.created_by, written.updated_at,
-        bumped.revision
-    FROM written
-    CROSS JOIN bumped
-    RETURNING revision
-),
-told AS (
-    SELECT pg_notify($4::text, revision::text)
-    FROM logged
+    RETURNING *, (xmax = 0) AS recreated
 )
 SELECT
-    rule_id,
-    scope,
-    selector ->> 'tier' AS selector_tier,
-    selector ->> 'domain' AS selector_domain,
-    rate,
-    per_ms,
-    burst,
-    algorithm,
-    mode,
-    fail_mode,
-    priority,
-    version,
-    created_by,
-    updated_at,
+    rule_id, scope, selector ->> 'tier' AS selector_tier, selector ->> 'domain' AS selector_domain,
+    rate, per_ms, burst, algorithm, mode, fail_mode, priority, version, created_by, updated_at,
     recreated,
-    (SELECT count(*) FROM told) AS told
+    plexsphere.record_rule_change(
+        ROW(
+            written.rule_id, written.scope, written.selector, written.rate, written.per_ms,
+            written.burst, written.algorithm, written.mode, written.fail_mode, written.priority,
+            written.version, written.created_by, written.updated_at
+        )::plexsphere.rules,
+        written.version, 'rolled_back', $2::bigint, written.created_by, written.updated_at, $4::text
+    ) AS revision
 FROM written

@@ -83,6 +83,14 @@ fn rule_response(status: StatusCode, rule: &rules::Rule) -> Response {
     response
 }
 
+/// The answer to a write, once this replica has reloaded its rules so that the write governs
+/// its next decision: 201 for a rule that did not exist before, 200 otherwise.
+async fn written(state: &AppState, put: &rules::Put) -> Response {
+    state.reload_rules().await;
+    let status = if matches!(put, rules::Put::Created(_)) { StatusCode::CREATED } else { StatusCode::OK };
+    rule_response(status, put.rule())
+}
+
 /// A JSON object's members, taken one by one by name, so that a member of the wrong type, a
 /// missing one and an unknown one are each a 400 naming it.
 pub(super) struct Fields(Map<String, Value>);
@@ -201,9 +209,7 @@ pub(super) async fn put_rule(
     let actor = operator.actor()?;
     let put = state.bounded("writing a rule", state.rules.put(&id, &spec, if_match, &actor)).await??;
     tracing::info!(rule = %id, version = %put.rule().version, actor = actor.as_str(), "operator wrote a rule");
-    state.reload_rules().await;
-    let status = if matches!(put, rules::Put::Created(_)) { StatusCode::CREATED } else { StatusCode::OK };
-    Ok(rule_response(status, put.rule()))
+    Ok(written(&state, &put).await)
 }
 
 /// `GET /v1/rules/{rule_id}`
@@ -298,9 +304,7 @@ pub(super) async fn rollback_rule(
     let actor = operator.actor()?;
     let put = state.bounded("rolling back a rule", state.rules.rollback(&id, to, if_match, &actor)).await??;
     tracing::info!(rule = %id, to = %to, version = %put.rule().version, actor = actor.as_str(), "operator rolled back a rule");
-    state.reload_rules().await;
-    let status = if matches!(put, rules::Put::Created(_)) { StatusCode::CREATED } else { StatusCode::OK };
-    Ok(rule_response(status, put.rule()))
+    Ok(written(&state, &put).await)
 }
 
 /// `DELETE /v1/rules/{rule_id}` with `If-Match`: 204.
