@@ -160,9 +160,20 @@ fn request_bodies_and_queries() {
     bolero::check!().for_each(|bytes: &[u8]| {
         match app::http::bodies::new_domain(bytes) {
             Ok(domain) => {
-                if let Some(policy) = domain.issuance_policy {
-                    // What passes is what the table's CHECK and the store accept.
-                    assert!(ratebudget::Limit::new(policy.per_second(), policy.burst()).is_ok());
+                if let Some(issuance) = domain.issuance {
+                    // What passes is what a rule's CHECK and the store accept.
+                    let draft = rules::RuleDraft {
+                        scope: ratebudget::Scope::AccessIssuanceDomain.as_str().to_owned(),
+                        selector: rules::Selector::Domain(uuid::Uuid::nil()),
+                        rate: issuance.per_second(),
+                        per_ms: Some(1000),
+                        burst: issuance.burst(),
+                        algorithm: None,
+                        mode: None,
+                        fail_mode: None,
+                        priority: None,
+                    };
+                    assert!(draft.validate().is_ok());
                 }
             }
             Err(error) => is_client_error(&error),

@@ -49,7 +49,7 @@ fn buckets(limits: &[Limit]) -> Vec<(Scope, Key, Limit)> {
 fn queue(buckets: &[(Scope, Key, Limit)], steps: &[Step]) -> Vec<(Take, DateTime<Utc>)> {
     let spend = |(bucket, cost): (usize, f64)| {
         let (scope, key, limit) = buckets[bucket];
-        Spend { scope, key, cost, limit }
+        Spend::new(scope, key, cost, limit)
     };
     let mut now = instant();
     steps
@@ -117,9 +117,8 @@ async fn a_hot_keys_queue_is_one_call_and_one_row_update(pool: PgPool) {
     let store = Store::new(pool.clone());
     let limit = Limit::new(1.0, 50.0).unwrap();
     let hot = key();
-    let queue: Vec<_> = (0..60)
-        .map(|_| (Take::Single(Spend { scope: Scope::IngestNode, key: hot, cost: 1.0, limit }), instant()))
-        .collect();
+    let queue: Vec<_> =
+        (0..60).map(|_| (Take::Single(Spend::new(Scope::IngestNode, hot, 1.0, limit)), instant())).collect();
     // Count the row writes with a trigger of this test's own database.
     for statement in [
         "CREATE TABLE writes (op text NOT NULL)",
@@ -150,7 +149,7 @@ async fn a_call_that_fails_fails_each_of_its_takes_and_never_refuses(pool: PgPoo
         .execute(&pool)
         .await
         .unwrap();
-    let spend = |cost| Take::Single(Spend { scope: Scope::IngestNode, key: key(), cost, limit });
+    let spend = |cost| Take::Single(Spend::new(Scope::IngestNode, key(), cost, limit));
     let queue = vec![
         (spend(1.0), instant()),
         (spend(0.0), instant()),
@@ -173,7 +172,7 @@ async fn a_caller_that_stops_waiting_cancels_nobody_elses_decision(pool: PgPool)
     let store = Store::new(pool.clone()).with_coalescing(Coalescing { max_batch: 64, max_in_flight: 1 });
     let limit = Limit::new(1.0, 10.0).unwrap();
     let bucket = key();
-    let take = Take::Single(Spend { scope: Scope::IngestNode, key: bucket, cost: 1.0, limit });
+    let take = Take::Single(Spend::new(Scope::IngestNode, bucket, 1.0, limit));
     let tokens = || async {
         sqlx::query_scalar::<_, f64>("SELECT tokens FROM plexsphere.rate_budgets")
             .fetch_one(&pool)
@@ -252,8 +251,8 @@ async fn concurrent_calls_and_pairs_from_several_replicas_never_deadlock(pool: P
             for round in 0..25usize {
                 let node = nodes[(caller + round) % nodes.len()];
                 let domain = domains[(caller / 3 + round) % domains.len()];
-                let node_side = Spend { scope: Scope::SecretReadNode, key: node, cost: 1.0, limit };
-                let domain_side = Spend { scope: Scope::SecretReadDomain, key: domain, cost: 1.0, limit };
+                let node_side = Spend::new(Scope::SecretReadNode, node, 1.0, limit);
+                let domain_side = Spend::new(Scope::SecretReadDomain, domain, 1.0, limit);
                 // Both orders of naming the sides, and single takes, interleaved.
                 let take = match round % 3 {
                     0 => Take::Pair(node_side, domain_side),

@@ -257,9 +257,10 @@ async fn clients_hanging_up_on_a_stalled_database_never_push_connections_past_th
             .await;
     let tokens = fleet(&replica, 8).await;
     // README, PLEXSPHERE_DATABASE_MAX_CONNECTIONS: the request pool and the take connections
-    // (max each), the background pool's two, the leader's one. (The limiter pool's own
-    // connections serve operator budget reads only, and this test makes none.)
-    let documented = 2 * max + 3;
+    // (max each), the background pool's five (two listeners among them), the leader's one.
+    // (The limiter pool's own connections serve operator budget reads only, and this test
+    // makes none.)
+    let documented = 2 * max + 6;
 
     proxy.set(Mode::Stalled);
     let client = reqwest::Client::new();

@@ -214,7 +214,7 @@ async fn the_async_commit_window_around_a_database_crash_is_under_a_second() {
                 let mut acknowledged = Vec::new();
                 for i in 0_i64.. {
                     let now = base + chrono::TimeDelta::milliseconds(i);
-                    let take = Take::Single(Spend { scope: Scope::IngestNode, key, cost: 1.0, limit });
+                    let take = Take::Single(Spend::new(Scope::IngestNode, key, 1.0, limit));
                     match store.decide(take, now).await {
                         Ok(decision) if decision.is_granted() => acknowledged.push(started.elapsed()),
                         Ok(_) => panic!("a bucket of a billion refused"),

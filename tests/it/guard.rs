@@ -8,8 +8,8 @@ use std::time::Duration as StdDuration;
 use chrono::{DateTime, Duration, Utc};
 use proptest::prelude::*;
 use ratebudget::{
-    Decider, Decision, FailMode, Guard, GuardConfig, Key, Limit, Observer, Scope, Source, Spend, Store, Take,
-    Undecided, Unobserved,
+    Decider, Decision, Enforcement, FailMode, Guard, GuardConfig, Key, Limit, Observer, Scope, Source, Spend,
+    Store, Take, Undecided, Unobserved,
 };
 use sqlx::PgPool;
 
@@ -33,13 +33,8 @@ impl Observer for LastSource {
     fn store_failing(&self, _: bool) {}
 }
 
-fn guard(store: &Store, observer: Arc<dyn Observer>, fail_mode: FailMode) -> Guard {
-    let config = GuardConfig {
-        decision_timeout: StdDuration::from_secs(5),
-        fail_modes: Scope::ALL.into_iter().map(|scope| (scope, fail_mode)).collect(),
-        named_fail_modes: Default::default(),
-        capacity: 1000,
-    };
+fn guard(store: &Store, observer: Arc<dyn Observer>) -> Guard {
+    let config = GuardConfig { decision_timeout: StdDuration::from_secs(5), capacity: 1000 };
     Guard::new(Arc::new(store.clone()), config, observer)
 }
 
@@ -98,8 +93,8 @@ fn the_precheck_refuses_only_what_the_shared_bucket_would_refuse() {
     )| {
         let observers = [Arc::new(LastSource::default()), Arc::new(LastSource::default())];
         let guards = [
-            guard(&store, observers[0].clone(), FailMode::Closed),
-            guard(&store, observers[1].clone(), FailMode::Closed),
+            guard(&store, observers[0].clone()),
+            guard(&store, observers[1].clone()),
         ];
         let limit = Limit::new(per_second, burst.min(per_second * 3600.0)).unwrap();
         let buckets: Vec<(Scope, Key)> = vec![
@@ -107,7 +102,7 @@ fn the_precheck_refuses_only_what_the_shared_bucket_would_refuse() {
             (Scope::SecretReadNode, key()),
             (Scope::SecretReadDomain, key()),
         ];
-        let spend = |bucket: usize, cost| Spend { scope: buckets[bucket].0, key: buckets[bucket].1, cost, limit };
+        let spend = |bucket: usize, cost| Spend::new(buckets[bucket].0, buckets[bucket].1, cost, limit);
         let mut now = instant();
         for (i, (op, step)) in ops.into_iter().enumerate() {
             now += Duration::microseconds(step);
@@ -158,13 +153,10 @@ async fn skew_beyond_the_other_replicas_cost_over_the_rate_is_the_one_under_admi
     // the store, judging A's row, would admit. The skew (7.3 ms) exceeds A's cost over the
     // rate (0.1 / 13.8 a second = 7.25 ms); within that, B never refuses wrongly.
     let store = Store::new(pool.clone());
-    let (a, b) = (
-        guard(&store, Arc::new(Unobserved), FailMode::Closed),
-        guard(&store, Arc::new(Unobserved), FailMode::Closed),
-    );
+    let (a, b) = (guard(&store, Arc::new(Unobserved)), guard(&store, Arc::new(Unobserved)));
     let limit = Limit::new(13.787281197370067, 4.450855888320927).unwrap();
     let bucket = key();
-    let spend = |cost| Take::Single(Spend { scope: Scope::SecretReadNode, key: bucket, cost, limit });
+    let spend = |cost| Take::Single(Spend::new(Scope::SecretReadNode, bucket, cost, limit));
     let t0 = instant();
     let at = |micros| t0 + Duration::microseconds(micros);
     assert!(a.decide(spend(3.3524420578572096), at(0)).await.unwrap().is_granted());
@@ -182,9 +174,8 @@ async fn skew_beyond_the_other_replicas_cost_over_the_rate_is_the_one_under_admi
 async fn after_the_store_refuses_the_precheck_refuses_with_the_same_exact_wait_until_covered(pool: PgPool) {
     let store = Store::new(pool.clone());
     let observer = Arc::new(LastSource::default());
-    let guard = guard(&store, observer.clone(), FailMode::Closed);
-    let spend =
-        Spend { scope: Scope::IngestNode, key: key(), cost: 2.0, limit: Limit::new(4.0, 2.0).unwrap() };
+    let guard = guard(&store, observer.clone());
+    let spend = Spend::new(Scope::IngestNode, key(), 2.0, Limit::new(4.0, 2.0).unwrap());
     let t0 = instant();
     assert!(guard.decide(Take::Single(spend), t0).await.unwrap().is_granted());
 
@@ -204,24 +195,44 @@ async fn after_the_store_refuses_the_precheck_refuses_with_the_same_exact_wait_u
 }
 
 #[tokio::test]
-async fn a_scope_that_fails_locally_decides_from_its_own_bucket_and_a_closed_one_is_undecided() {
+async fn each_take_fails_by_its_own_mode_and_a_pair_by_the_stricter_of_two() {
     let store = Store::new(unreachable_pool());
-    let spend =
-        Spend { scope: Scope::SecretReadNode, key: key(), cost: 1.0, limit: Limit::new(1.0, 3.0).unwrap() };
+    let observer = Arc::new(LastSource::default());
+    let guard = guard(&store, observer.clone());
     let now = instant();
+    let failing = |scope, fail_mode| {
+        let spend = Spend::new(scope, key(), 1.0, Limit::new(1.0, 3.0).unwrap());
+        Spend { enforcement: Enforcement { fail_mode, ..Enforcement::STRICT }, ..spend }
+    };
 
-    let local = guard(&store, Arc::new(Unobserved), FailMode::Local);
+    // Local: a bucket of the same budget as the shared one, three back to back, then refused.
+    let local = failing(Scope::SecretReadNode, FailMode::Local);
     let decisions: Vec<bool> =
-        futures::future::join_all((0..4).map(|_| local.decide(Take::Single(spend), now)))
+        futures::future::join_all((0..4).map(|_| guard.decide(Take::Single(local), now)))
             .await
             .into_iter()
             .map(|d| d.unwrap().is_granted())
             .collect();
-    // The same budget as the shared bucket: three back to back, then refused.
     assert_eq!(decisions.iter().filter(|granted| **granted).count(), 3, "{decisions:?}");
-    assert!(local.store_failing(), "three failures in a row open the circuit");
+    assert!(guard.store_failing(), "three failures in a row open the circuit");
 
-    let closed = guard(&store, Arc::new(Unobserved), FailMode::Closed);
-    let answer = closed.decide(Take::Single(spend), now).await;
-    assert!(matches!(answer, Err(Undecided::Store(ratebudget::Error::Database(_)))), "{answer:?}");
+    // Open: admitted, however many, without a decision.
+    let open = failing(Scope::IngestNode, FailMode::Open);
+    for _ in 0..10 {
+        assert!(guard.decide(Take::Single(open), now).await.unwrap().is_granted());
+        assert_eq!(*observer.0.lock().unwrap(), Some(Source::Open));
+    }
+
+    // Closed: not decided, never refused, whatever the others did.
+    let closed = failing(Scope::SecretReadDomain, FailMode::Closed);
+    let answer = guard.decide(Take::Single(closed), now).await;
+    assert!(matches!(&answer, Err(undecided) if undecided.is_store_failure()), "{answer:?}");
+
+    // A pair fails by the stricter mode: open with local decides from the fallback (whose
+    // local bucket is spent: refused), open with closed is not decided.
+    let refused = guard.decide(Take::Pair(open, local), now).await.unwrap();
+    assert!(!refused.is_granted());
+    assert_eq!(*observer.0.lock().unwrap(), Some(Source::Fallback));
+    let answer = guard.decide(Take::Pair(open, closed), now).await;
+    assert!(matches!(&answer, Err(undecided) if undecided.is_store_failure()), "{answer:?}");
 }

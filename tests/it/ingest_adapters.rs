@@ -10,13 +10,13 @@ use ingest::{
     BatchRepository, DomainId, IngestError, IngestService, Limiter, NodeId, PgBatchRepository, Quota,
     QuotaError, RateBudgetQuotaLimiter, Sender,
 };
-use ratebudget::{Limit, ManualClock, Spender, Store};
+use ratebudget::{Limit, ManualClock, Scope};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use tokio::sync::Barrier;
 use uuid::Uuid;
 
-use crate::support::helpers::{instant, unreachable_pool};
+use crate::support::helpers::{instant, spender, unreachable_pool};
 
 /// A Node quota of 1000 bytes refilling at 250 bytes a second (full in 4 s, the shipped
 /// shape), and a Domain quota large enough not to bind unless a test says otherwise.
@@ -41,11 +41,11 @@ fn new_domain() -> DomainId {
 }
 
 fn limiter(pool: &PgPool, clock: &ManualClock, node: Limit, domain: Limit) -> RateBudgetQuotaLimiter {
-    RateBudgetQuotaLimiter::new(
-        Spender::new(Arc::new(Store::new(pool.clone())), Arc::new(clock.clone())),
-        node,
-        domain,
-    )
+    RateBudgetQuotaLimiter::new(spender(
+        pool,
+        clock,
+        [(Scope::IngestNode, node), (Scope::IngestDomain, domain)],
+    ))
 }
 
 fn service(pool: &PgPool, clock: &ManualClock, node: Limit, domain: Limit) -> IngestService {

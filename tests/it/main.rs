@@ -26,5 +26,8 @@ mod ingest_adapters;
 mod migrations;
 mod named_limits;
 mod ratebudget_store;
+mod rules_api;
+mod rules_enforcement;
+mod rules_store;
 mod secrets_adapters;
 mod support;

@@ -20,7 +20,13 @@ fn limiter() -> LimiterName {
 }
 
 fn spend(key: &[u8], cells: u32, limit: Limit) -> Take {
-    Take::Named(NamedSpend { limiter: limiter(), key: NamedKey::of(limiter(), key), cells, limit })
+    Take::Named(NamedSpend {
+        limiter: limiter(),
+        key: NamedKey::of(limiter(), key),
+        cells,
+        limit,
+        enforcement: ratebudget::Enforcement::STRICT,
+    })
 }
 
 /// What a decision says, in governor's three answers.

@@ -282,8 +282,8 @@ async fn answers_that_need_no_query_hold_without_a_server() {
         );
     }
 
-    let spend = |cost| Spend { scope: Scope::SecretReadNode, key: bucket, cost, limit: limit(1.0, 5.0) };
-    let other = |cost| Spend { scope: Scope::SecretReadDomain, key: key(), cost, limit: limit(1.0, 5.0) };
+    let spend = |cost| Spend::new(Scope::SecretReadNode, bucket, cost, limit(1.0, 5.0));
+    let other = |cost| Spend::new(Scope::SecretReadDomain, key(), cost, limit(1.0, 5.0));
     assert_eq!(take_pair(&store, spend(0.0), other(0.0), now).await.unwrap(), PairDecision::Granted);
     assert_eq!(
         take_pair(&store, spend(6.0), other(1.0), now).await.unwrap(),
@@ -340,8 +340,8 @@ async fn buckets_reads_every_scope_of_one_key(pool: PgPool) {
 
 fn node_and_domain(node: Key, domain: Key, node_burst: f64, domain_burst: f64) -> (Spend, Spend) {
     (
-        Spend { scope: Scope::SecretReadNode, key: node, cost: 1.0, limit: limit(1.0, node_burst) },
-        Spend { scope: Scope::SecretReadDomain, key: domain, cost: 1.0, limit: limit(1.0, domain_burst) },
+        Spend::new(Scope::SecretReadNode, node, 1.0, limit(1.0, node_burst)),
+        Spend::new(Scope::SecretReadDomain, domain, 1.0, limit(1.0, domain_burst)),
     )
 }
 
@@ -554,8 +554,7 @@ async fn a_grant_says_what_is_left_and_a_refusal_the_row_it_judged_and_the_exact
     let store = Store::new(pool.clone());
     let bucket = key();
     let t0 = instant();
-    let spend =
-        |cost| Take::Single(Spend { scope: Scope::IngestNode, key: bucket, cost, limit: limit(2.0, 10.0) });
+    let spend = |cost| Take::Single(Spend::new(Scope::IngestNode, bucket, cost, limit(2.0, 10.0)));
 
     let Decision::Granted(grant) = store.decide(spend(7.0), t0).await.unwrap() else { panic!("granted") };
     let left = grant.remaining(Which::First).unwrap();
@@ -614,7 +613,7 @@ fn waiting_exactly_the_retry_after_is_admitted_and_a_microsecond_less_is_not() {
         let bucket = key();
         let t0 = instant();
         let take = |cost, at| {
-            store.decide(Take::Single(Spend { scope: Scope::IngestDomain, key: bucket, cost, limit }), at)
+            store.decide(Take::Single(Spend::new(Scope::IngestDomain, bucket, cost, limit)), at)
         };
         runtime.block_on(take(burst * spent_share, t0)).unwrap();
         let cost = burst * cost_share;

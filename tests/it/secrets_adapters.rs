@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use ratebudget::{Clock, Limit, ManualClock, Spender, Store};
+use ratebudget::{Clock, Limit, ManualClock, Scope};
 use secrets::{
     DomainId, Keyring, Limiter, NodeId, OpenError, PgSecretRepository, RateBudgetReadLimiter, ReadError,
     ReadLimitError, Reader, SecretName, SecretRef, SecretRepository, SecretValue, SecretsKey, SecretsService,
@@ -15,7 +15,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use tokio::sync::Barrier;
 
-use crate::support::helpers::{instant, unreachable_pool};
+use crate::support::helpers::{instant, spender, unreachable_pool};
 
 fn domain() -> DomainId {
     uuid::Uuid::new_v4().into()
@@ -59,11 +59,11 @@ fn budget(per_second: f64, burst: f64) -> Limit {
 }
 
 fn limiter(pool: &PgPool, clock: &ManualClock, node: Limit, domain: Limit) -> RateBudgetReadLimiter {
-    RateBudgetReadLimiter::new(
-        Spender::new(Arc::new(Store::new(pool.clone())), Arc::new(clock.clone())),
-        node,
-        domain,
-    )
+    RateBudgetReadLimiter::new(spender(
+        pool,
+        clock,
+        [(Scope::SecretReadNode, node), (Scope::SecretReadDomain, domain)],
+    ))
 }
 
 /// The stored (tokens, refilled_at) of one read bucket, or None when it has no row.

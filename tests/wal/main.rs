@@ -71,6 +71,7 @@ async fn a_thousand_refusals_on_an_exhausted_bucket_write_next_to_no_wal(pool: P
             key: NamedKey::of(limiter, key.as_bytes()),
             cells: 1,
             limit: Limit::new(1.0, 3.0).unwrap(),
+            enforcement: ratebudget::Enforcement::STRICT,
         })
     };
     for _ in 0..3 {

@@ -1,4 +1,4 @@
-//! The access context's values: ids, validated names, issuance policies and credentials.
+//! The access context's values: ids, validated names, tiers and credentials.
 
 use std::fmt;
 
@@ -207,58 +207,68 @@ impl fmt::Display for NodeName {
     }
 }
 
-/// How fast a Domain may issue Node credentials: `per_second` a second sustained, with up to
-/// `burst` back to back.
+/// A Domain's service tier: which tier template of the rate-budget rules governs it when it
+/// has no override of its own.
 ///
-/// This holds the access context's own rules. The rate-budget store adds its own (every budget
-/// refills within the idle sweep's hour, and has bounds that keep its arithmetic finite); the
-/// composition root checks a policy against those too before a Domain is created, and the
-/// table's CHECK holds both.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct IssuancePolicy {
-    per_second: f64,
-    burst: f64,
+/// The set is closed: this enum and the `domains` table's CHECK. Operators write the templates;
+/// a tier without one is governed by the all-Domains rules and the defaults, like any other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Tier {
+    /// The free tier.
+    Free,
+    /// The standard tier: what a Domain is created with when no tier is named.
+    Standard,
+    /// The premium tier.
+    Premium,
+    /// The enterprise tier.
+    Enterprise,
 }
 
-impl IssuancePolicy {
-    /// Validates a policy.
-    ///
-    /// The rate must be above zero because a Domain that could never issue again after its
-    /// burst is a Domain nobody can enrol into; the burst must be at least one because an
-    /// enrolment costs one issuance and a smaller ceiling could never cover it.
+impl Tier {
+    /// Every tier, cheapest first.
+    pub const ALL: [Tier; 4] = [Tier::Free, Tier::Standard, Tier::Premium, Tier::Enterprise];
+
+    /// The tier a Domain gets when none is named, and the one every Domain had before tiers.
+    pub const DEFAULT: Tier = Tier::Standard;
+
+    /// The tier's text in the `tier` column and over HTTP.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Free => "free",
+            Tier::Standard => "standard",
+            Tier::Premium => "premium",
+            Tier::Enterprise => "enterprise",
+        }
+    }
+
+    /// Reads a tier's text.
     ///
     /// # Errors
-    /// [`InvalidInput`] on field `per_second` unless it is finite and above zero, or on field
-    /// `burst` unless it is finite and at least one.
-    pub fn new(per_second: f64, burst: f64) -> Result<IssuancePolicy, InvalidInput> {
-        // Written so that NaN fails each comparison and is rejected.
-        if !(per_second.is_finite() && per_second > 0.0) {
-            return Err(InvalidInput { field: "per_second", reason: "must be a finite number above zero" });
-        }
-        if !(burst.is_finite() && burst >= 1.0) {
-            return Err(InvalidInput { field: "burst", reason: "must be a finite number of at least one" });
-        }
-        Ok(IssuancePolicy { per_second, burst })
+    /// [`InvalidInput`] on field `tier` unless `text` is one of the four tiers' texts.
+    pub fn parse(text: &str) -> Result<Tier, InvalidInput> {
+        Tier::ALL.into_iter().find(|tier| tier.as_str() == text).ok_or(InvalidInput {
+            field: "tier",
+            reason: "must be one of free, standard, premium, enterprise",
+        })
     }
+}
 
-    /// Issuances a second, sustained.
-    pub fn per_second(&self) -> f64 {
-        self.per_second
-    }
-
-    /// The most issuances admitted back to back.
-    pub fn burst(&self) -> f64 {
-        self.burst
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
 /// What a caller asks for when creating a Domain.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NewDomain {
+    /// The Domain's id, chosen by the caller ([`DomainId::random`]) so that whatever it
+    /// writes for the Domain elsewhere (an issuance override, say) can name it first.
+    pub id: DomainId,
     /// The Domain's name.
     pub name: DomainName,
-    /// Its own issuance policy; `None` uses the process-wide default.
-    pub issuance_policy: Option<IssuancePolicy>,
+    /// Its tier.
+    pub tier: Tier,
 }
 
 /// A tenant that Nodes are enrolled into.
@@ -268,8 +278,20 @@ pub struct Domain {
     pub id: DomainId,
     /// The Domain's name.
     pub name: DomainName,
-    /// Its own issuance policy; `None` uses the process-wide default.
-    pub issuance_policy: Option<IssuancePolicy>,
+    /// Its tier.
+    pub tier: Tier,
+}
+
+/// Every Domain whose tier is not [`Tier::DEFAULT`], as of one revision of the tiers.
+///
+/// The revision counts tier changes; a reader holding revision `r` has heard of every change up
+/// to `r` and can tell, from the current revision alone, whether it missed one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TierDirectory {
+    /// How many tier changes this reflects.
+    pub revision: i64,
+    /// Each Domain whose tier is not the default, with its tier.
+    pub tiers: Vec<(DomainId, Tier)>,
 }
 
 /// A machine enrolled into a Domain.

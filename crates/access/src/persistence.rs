@@ -1,13 +1,13 @@
 //! The access context's adapters: its tables in PostgreSQL, and its issuance limiter bound to
 //! the shared rate budgets.
 
-use ratebudget::{Decision, Key, Limit, Scope, Spend, Spender, Take};
+use ratebudget::{Decision, Key, Scope, SingleBudget, Spender};
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::{
-    AccessRepository, AuthenticatedNode, BoxError, Domain, DomainId, DomainName, IssuanceLimitError,
-    IssuancePolicy, Limiter, Node, NodeId, RepositoryError, TokenHash,
+    AccessRepository, AuthenticatedNode, BoxError, Domain, DomainId, DomainName, IssuanceLimitError, Limiter,
+    Node, NodeId, RepositoryError, Tier, TierDirectory, TokenHash,
 };
 
 /// The PostgreSQL channel a deleted Node is announced on, with its id as the payload (`*` when
@@ -17,6 +17,72 @@ pub const NODE_REVOKED_CHANNEL: &str = "plexsphere_node_revoked";
 
 /// What one issuance costs, in tokens of its Domain's bucket.
 const ISSUANCE_COST: f64 = 1.0;
+
+/// The channel every tier change is announced on, at commit; the payload is the revision the
+/// change made. A listener that reconnects must assume it missed some.
+pub const TIER_CHANNEL: &str = "plexsphere_domain_tiers";
+
+/// Stores a Domain; one stored with a tier other than the default counts as a tier change: the
+/// revision moves and listeners are told, in the same statement. The bump waits for the insert
+/// (it reads `inserted`), so concurrent writers lock the domain row before the revision row,
+/// always in that order.
+const INSERT_DOMAIN: &str = "\
+WITH inserted AS (
+    INSERT INTO plexsphere.domains (id, name, tier)
+    VALUES ($1, $2, $3)
+    RETURNING tier
+),
+bumped AS (
+    UPDATE plexsphere.domain_tier_revision
+    SET revision = revision + 1
+    WHERE EXISTS (SELECT 1 FROM inserted WHERE tier <> $4)
+    RETURNING revision
+),
+told AS (
+    SELECT pg_notify($5, revision::text)
+    FROM bumped
+)
+SELECT count(*) AS told
+FROM told";
+
+const FIND_DOMAIN: &str = "\
+SELECT id, name, tier
+FROM plexsphere.domains
+WHERE id = $1";
+
+/// Sets a Domain's tier; a change of the directory's revision and a notification, in one
+/// statement, only when the Domain exists.
+const SET_TIER: &str = "\
+WITH updated AS (
+    UPDATE plexsphere.domains
+    SET tier = $2
+    WHERE id = $1
+    RETURNING id, name, tier
+),
+bumped AS (
+    UPDATE plexsphere.domain_tier_revision
+    SET revision = revision + 1
+    WHERE EXISTS (SELECT 1 FROM updated)
+    RETURNING revision
+),
+told AS (
+    SELECT pg_notify($3, revision::text)
+    FROM bumped
+)
+SELECT updated.id, updated.name, updated.tier, (SELECT count(*) FROM told) AS told
+FROM updated";
+
+/// The revision and every Domain off the default tier, read in one statement so the two agree
+/// (the partial index `domains_tier_idx` holds exactly these Domains).
+const TIERS: &str = "\
+SELECT revision.revision, domains.id, domains.tier
+FROM plexsphere.domain_tier_revision AS revision
+LEFT JOIN plexsphere.domains AS domains
+    ON domains.tier <> $1";
+
+const TIER_REVISION: &str = "\
+SELECT revision
+FROM plexsphere.domain_tier_revision";
 
 /// Domains and Nodes in `plexsphere.domains` and `plexsphere.nodes`.
 #[derive(Clone, Debug)]
@@ -35,50 +101,74 @@ fn unavailable(error: impl std::error::Error + Send + Sync + 'static) -> Reposit
     RepositoryError(Box::new(error))
 }
 
+/// A Domain from its stored columns. The table's CHECKs mirror the model's rules, so a row
+/// failing them means the two have drifted apart: the store failing to answer, not a Domain.
+fn domain_from_row((id, name, tier): (Uuid, String, String)) -> Result<Domain, RepositoryError> {
+    let name = DomainName::parse(name).map_err(unavailable)?;
+    let tier = Tier::parse(&tier).map_err(unavailable)?;
+    Ok(Domain { id: id.into(), name, tier })
+}
+
 #[async_trait::async_trait]
 impl AccessRepository for PgAccessRepository {
     #[tracing::instrument(level = "debug", skip_all, fields(domain = %domain.id))]
     async fn insert_domain(&self, domain: &Domain) -> Result<(), RepositoryError> {
-        let policy = domain.issuance_policy;
-        sqlx::query(
-            "INSERT INTO plexsphere.domains (id, name, issuance_per_second, issuance_burst)
-             VALUES ($1, $2, $3, $4)",
-        )
-        .bind(domain.id.as_uuid())
-        .bind(domain.name.as_str())
-        .bind(policy.map(|policy| policy.per_second()))
-        .bind(policy.map(|policy| policy.burst()))
-        .execute(&self.pool)
-        .await
-        .map_err(unavailable)?;
+        sqlx::query(INSERT_DOMAIN)
+            .bind(domain.id.as_uuid())
+            .bind(domain.name.as_str())
+            .bind(domain.tier.as_str())
+            .bind(Tier::DEFAULT.as_str())
+            .bind(TIER_CHANNEL)
+            .execute(&self.pool)
+            .await
+            .map_err(unavailable)?;
         Ok(())
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(domain = %id))]
     async fn find_domain(&self, id: DomainId) -> Result<Option<Domain>, RepositoryError> {
-        let row: Option<(Uuid, String, Option<f64>, Option<f64>)> = sqlx::query_as(
-            "SELECT id, name, issuance_per_second, issuance_burst
-             FROM plexsphere.domains
-             WHERE id = $1",
-        )
-        .bind(id.as_uuid())
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(unavailable)?;
-        let Some((id, name, per_second, burst)) = row else {
-            return Ok(None);
-        };
-        // The table's CHECKs mirror these rules, so a row failing them means the two have
-        // drifted apart; that is the store failing to answer, not a Domain to hand out.
-        let name = DomainName::parse(name).map_err(unavailable)?;
-        let issuance_policy = match (per_second, burst) {
-            (None, None) => None,
-            (Some(per_second), Some(burst)) => {
-                Some(IssuancePolicy::new(per_second, burst).map_err(unavailable)?)
+        let row: Option<(Uuid, String, String)> = sqlx::query_as(FIND_DOMAIN)
+            .bind(id.as_uuid())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        row.map(domain_from_row).transpose()
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(domain = %id, %tier))]
+    async fn set_tier(&self, id: DomainId, tier: Tier) -> Result<Option<Domain>, RepositoryError> {
+        let row: Option<(Uuid, String, String, i64)> = sqlx::query_as(SET_TIER)
+            .bind(id.as_uuid())
+            .bind(tier.as_str())
+            .bind(TIER_CHANNEL)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        row.map(|(id, name, tier, _)| domain_from_row((id, name, tier))).transpose()
+    }
+
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn tiers(&self) -> Result<TierDirectory, RepositoryError> {
+        let rows: Vec<(i64, Option<Uuid>, Option<String>)> = sqlx::query_as(TIERS)
+            .bind(Tier::DEFAULT.as_str())
+            .fetch_all(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        let revision = rows.first().map(|(revision, _, _)| *revision).ok_or_else(|| {
+            RepositoryError("plexsphere.domain_tier_revision holds no row; migration 0055 adds it".into())
+        })?;
+        let mut tiers = Vec::with_capacity(rows.len());
+        for (_, id, tier) in rows {
+            if let (Some(id), Some(tier)) = (id, tier) {
+                tiers.push((DomainId::from(id), Tier::parse(&tier).map_err(unavailable)?));
             }
-            _ => return Err(RepositoryError("domain row holds half an issuance policy".into())),
-        };
-        Ok(Some(Domain { id: id.into(), name, issuance_policy }))
+        }
+        Ok(TierDirectory { revision, tiers })
+    }
+
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn tier_revision(&self) -> Result<i64, RepositoryError> {
+        sqlx::query_scalar(TIER_REVISION).fetch_one(&self.pool).await.map_err(unavailable)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(node = %node.id, domain = %node.domain_id))]
@@ -136,48 +226,32 @@ impl AccessRepository for PgAccessRepository {
 }
 
 /// The issuance [`Limiter`] on the shared rate budgets: one bucket per Domain under
-/// [`Scope::AccessIssuanceDomain`], one token per issuance.
+/// [`Scope::AccessIssuanceDomain`], one token per issuance, sized by the policy the spender's
+/// budgets give for the Domain.
 #[derive(Clone, Debug)]
-pub struct RateBudgetIssuanceLimiter {
-    spender: Spender,
-    default_limit: Limit,
-}
+pub struct RateBudgetIssuanceLimiter(SingleBudget);
 
 impl RateBudgetIssuanceLimiter {
-    /// A limiter spending through `spender`, sizing the buckets of Domains without a policy
-    /// of their own with `default_limit`.
-    pub fn new(spender: Spender, default_limit: Limit) -> RateBudgetIssuanceLimiter {
-        RateBudgetIssuanceLimiter { spender, default_limit }
+    /// A limiter spending through `spender`.
+    pub fn new(spender: Spender) -> RateBudgetIssuanceLimiter {
+        RateBudgetIssuanceLimiter(spender.single(Scope::AccessIssuanceDomain))
     }
 }
 
 #[async_trait::async_trait]
 impl Limiter for RateBudgetIssuanceLimiter {
     #[tracing::instrument(level = "debug", skip_all, fields(%domain))]
-    async fn spend_issuance(
-        &self,
-        domain: DomainId,
-        policy: Option<IssuancePolicy>,
-    ) -> Result<(), IssuanceLimitError> {
-        // Every failure below is "could not answer": a policy the store's rules refuse (the
-        // table's CHECK keeps one from being stored), a zero id, or the store itself. None of
-        // them may tell a caller it hit a cap.
+    async fn spend_issuance(&self, domain: DomainId) -> Result<(), IssuanceLimitError> {
+        // Every failure below is "could not answer": no policy to be had, a zero id, or the
+        // store itself. None of them may tell a caller it hit a cap.
         let unavailable = |error: BoxError| IssuanceLimitError::Unavailable(error);
-        let limit = match policy {
-            Some(policy) => {
-                Limit::new(policy.per_second(), policy.burst()).map_err(|e| unavailable(e.into()))?
-            }
-            None => self.default_limit,
-        };
         let key = Key::from(domain.as_uuid());
-        let take =
-            Take::Single(Spend { scope: Scope::AccessIssuanceDomain, key, cost: ISSUANCE_COST, limit });
-        match self.spender.spend(take).await.map_err(|e| unavailable(e.into()))? {
+        match self.0.spend(key, key, ISSUANCE_COST).await.map_err(|e| unavailable(e.into()))? {
             Decision::Granted(_) => Ok(()),
             Decision::Refused(refusal) => {
                 Err(IssuanceLimitError::RateLimited { retry_after: refusal.retry_after })
             }
-            // An issuance costs one and every policy's burst is at least one.
+            // An issuance costs one and every budget's burst is at least one.
             Decision::InsufficientCapacity(never) => Err(unavailable(never.into())),
         }
     }

@@ -1,16 +1,16 @@
 //! What the access context needs from the outside: an issuance limiter and a store.
 
 use crate::{
-    AuthenticatedNode, Domain, DomainId, IssuanceLimitError, IssuancePolicy, Node, NodeId, RepositoryError,
-    TokenHash,
+    AuthenticatedNode, Domain, DomainId, IssuanceLimitError, Node, NodeId, RepositoryError, Tier,
+    TierDirectory, TokenHash,
 };
 
 /// Decides whether a Domain may issue another Node credential now.
 #[cfg_attr(test, mockall::automock)]
 #[async_trait::async_trait]
 pub trait Limiter: Send + Sync {
-    /// Spends one issuance from `domain`'s budget, sized from `policy` when it is `Some` and
-    /// from the process-wide default the adapter was built with when it is `None`.
+    /// Spends one issuance from `domain`'s budget, sized by whatever governs that Domain's
+    /// issuance (the adapter's concern: rules and defaults live outside this context).
     ///
     /// # Errors
     /// - [`IssuanceLimitError::RateLimited`] MUST be returned when, and only when, the budget
@@ -20,11 +20,7 @@ pub trait Limiter: Send + Sync {
     ///   evaluated (the store did not answer, or the budget is unusable), carrying the cause.
     ///   It MUST NOT be reported as `RateLimited`, or an outage would tell callers to back off
     ///   from a cap none of them reached.
-    async fn spend_issuance(
-        &self,
-        domain: DomainId,
-        policy: Option<IssuancePolicy>,
-    ) -> Result<(), IssuanceLimitError>;
+    async fn spend_issuance(&self, domain: DomainId) -> Result<(), IssuanceLimitError>;
 }
 
 /// Where Domains and Nodes are kept. Tokens are kept only as their hashes.
@@ -35,7 +31,8 @@ pub trait AccessRepository: Send + Sync {
     ///
     /// # Errors
     /// [`RepositoryError`] MUST be returned when the Domain could not be stored, carrying the
-    /// cause; `Ok` MUST mean it is stored.
+    /// cause; `Ok` MUST mean it is stored. A Domain stored with a tier other than
+    /// [`Tier::DEFAULT`] counts as a tier change, as for [`AccessRepository::set_tier`].
     async fn insert_domain(&self, domain: &Domain) -> Result<(), RepositoryError>;
 
     /// The Domain with this id, or `None` when there is none.
@@ -44,6 +41,27 @@ pub trait AccessRepository: Send + Sync {
     /// [`RepositoryError`] MUST be returned when the store could not answer or holds a Domain
     /// that does not validate; a missing Domain MUST be `Ok(None)`, never an error.
     async fn find_domain(&self, id: DomainId) -> Result<Option<Domain>, RepositoryError>;
+
+    /// Sets the tier of the Domain with this id and returns the Domain as it now is, or `None`
+    /// when there is none (nothing is written then).
+    ///
+    /// # Errors
+    /// [`RepositoryError`] MUST be returned when the store could not answer; the tier may or
+    /// may not have been set. A tier that was set MUST count as a change of the
+    /// [`TierDirectory`]'s revision, and every reader following the tiers MUST be told.
+    async fn set_tier(&self, id: DomainId, tier: Tier) -> Result<Option<Domain>, RepositoryError>;
+
+    /// Every Domain whose tier is not [`Tier::DEFAULT`], as of one revision.
+    ///
+    /// # Errors
+    /// [`RepositoryError`] MUST be returned when the store could not answer.
+    async fn tiers(&self) -> Result<TierDirectory, RepositoryError>;
+
+    /// The revision of the tiers: how many tier changes the store holds.
+    ///
+    /// # Errors
+    /// [`RepositoryError`] MUST be returned when the store could not answer.
+    async fn tier_revision(&self) -> Result<i64, RepositoryError>;
 
     /// Stores a new Node with the hash of its credential.
     ///

@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use crate::{
     AccessRepository, AuthError, AuthenticatedNode, CreateDomainError, Domain, DomainId, EnrolError,
-    Enrolment, Limiter, NewDomain, Node, NodeId, NodeName, NodeToken, RepositoryError, RevokeError,
+    Enrolment, Limiter, NewDomain, Node, NodeId, NodeName, NodeToken, RepositoryError, RevokeError, Tier,
+    TierDirectory,
 };
 
 #[cfg(test)]
@@ -25,15 +26,41 @@ impl AccessService {
         AccessService { repository, limiter }
     }
 
-    /// Creates a Domain under a new random id.
+    /// Creates a Domain under the id its caller chose.
     ///
     /// # Errors
     /// [`CreateDomainError::Unavailable`] when the store could not answer.
-    #[tracing::instrument(level = "debug", skip_all)]
+    #[tracing::instrument(level = "debug", skip_all, fields(domain = %new.id))]
     pub async fn create_domain(&self, new: NewDomain) -> Result<Domain, CreateDomainError> {
-        let domain = Domain { id: DomainId::random(), name: new.name, issuance_policy: new.issuance_policy };
+        let domain = Domain { id: new.id, name: new.name, tier: new.tier };
         self.repository.insert_domain(&domain).await?;
         Ok(domain)
+    }
+
+    /// Moves a Domain to `tier`, returning it as it now is; `None` when there is no such
+    /// Domain.
+    ///
+    /// # Errors
+    /// [`RepositoryError`] when the store could not answer.
+    #[tracing::instrument(level = "debug", skip_all, fields(domain = %id, %tier))]
+    pub async fn set_tier(&self, id: DomainId, tier: Tier) -> Result<Option<Domain>, RepositoryError> {
+        self.repository.set_tier(id, tier).await
+    }
+
+    /// Every Domain whose tier is not [`Tier::DEFAULT`], as of one revision.
+    ///
+    /// # Errors
+    /// [`RepositoryError`] when the store could not answer.
+    pub async fn tiers(&self) -> Result<TierDirectory, RepositoryError> {
+        self.repository.tiers().await
+    }
+
+    /// How many tier changes the store holds: a reader whose directory is older reloads it.
+    ///
+    /// # Errors
+    /// [`RepositoryError`] when the store could not answer.
+    pub async fn tier_revision(&self) -> Result<i64, RepositoryError> {
+        self.repository.tier_revision().await
     }
 
     /// The Domain with this id, or `None` when there is none.
@@ -56,12 +83,12 @@ impl AccessService {
     /// - [`EnrolError::Unavailable`] when the store or the limiter could not answer.
     #[tracing::instrument(level = "debug", skip_all, fields(domain = %domain_id))]
     pub async fn enrol_node(&self, domain_id: DomainId, name: NodeName) -> Result<Enrolment, EnrolError> {
-        // The Domain is looked up first, both to size the budget from its own policy and so
-        // that a caller naming Domains that do not exist cannot mint buckets for them.
+        // The Domain is looked up first, so that a caller naming Domains that do not exist
+        // cannot mint buckets for them.
         let domain =
             self.repository.find_domain(domain_id).await?.ok_or(EnrolError::UnknownDomain(domain_id))?;
 
-        self.limiter.spend_issuance(domain.id, domain.issuance_policy).await?;
+        self.limiter.spend_issuance(domain.id).await?;
 
         // Spent before the insert, and not refunded if the insert fails: a refund is a second
         // write that a crash could skip, and an issuance lost to an outage is harmless.

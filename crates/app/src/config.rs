@@ -99,15 +99,25 @@ pub const ACCESS_ISSUANCE_FAIL_MODE: &str = "PLEXSPHERE_ACCESS_ISSUANCE_FAIL_MOD
 pub const INGEST_NODE_FAIL_MODE: &str = "PLEXSPHERE_INGEST_NODE_FAIL_MODE";
 /// `PLEXSPHERE_INGEST_DOMAIN_FAIL_MODE`.
 pub const INGEST_DOMAIN_FAIL_MODE: &str = "PLEXSPHERE_INGEST_DOMAIN_FAIL_MODE";
+/// `PLEXSPHERE_RULES_POLL_INTERVAL_MS`: how often a replica checks, besides listening, that
+/// its rules and Domain tiers are current.
+pub const RULES_POLL_INTERVAL_MS: &str = "PLEXSPHERE_RULES_POLL_INTERVAL_MS";
+/// `PLEXSPHERE_RULE_USAGE_FLUSH_INTERVAL_MS`: how often a replica adds the decisions it
+/// counted per rule to the usage rows.
+pub const RULE_USAGE_FLUSH_INTERVAL_MS: &str = "PLEXSPHERE_RULE_USAGE_FLUSH_INTERVAL_MS";
 
-/// What a scope does when the shared store cannot answer, as a knob spells it.
+/// What a scope does when the shared store cannot answer, as a knob spells it; a rule's own
+/// fail mode overrides it for the Domains the rule governs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum FailModeKnob {
     /// The request answers 500: no budget was evaluated, and none is invented.
     Closed,
     /// This replica decides with an in-memory bucket of the same budget until the store
-    /// answers again (each replica then admits the whole budget on its own).
+    /// answers again (each replica then admits the whole budget on its own); a rule's
+    /// `STATIC`.
     Local,
+    /// The request is admitted without a decision until the store answers again.
+    Open,
 }
 
 impl From<FailModeKnob> for ratebudget::FailMode {
@@ -115,6 +125,7 @@ impl From<FailModeKnob> for ratebudget::FailMode {
         match knob {
             FailModeKnob::Closed => ratebudget::FailMode::Closed,
             FailModeKnob::Local => ratebudget::FailMode::Local,
+            FailModeKnob::Open => ratebudget::FailMode::Open,
         }
     }
 }
@@ -159,10 +170,10 @@ pub struct Knobs {
     /// All secret reads of a Domain back to back (at least 1).
     #[arg(long, env = SECRET_READ_DOMAIN_BURST, default_value_t = 200.0)]
     pub secret_read_domain_burst: f64,
-    /// Node enrolments per Domain a second, unless the Domain has its own policy.
+    /// Node enrolments per Domain a second.
     #[arg(long, env = ACCESS_ISSUANCE_PER_SECOND, default_value_t = 2.0)]
     pub access_issuance_per_second: f64,
-    /// Node enrolments per Domain back to back (at least 1), unless the Domain has its own.
+    /// Node enrolments per Domain back to back (at least 1).
     #[arg(long, env = ACCESS_ISSUANCE_BURST, default_value_t = 10.0)]
     pub access_issuance_burst: f64,
     /// A Node's telemetry bytes a second, sustained.
@@ -256,6 +267,15 @@ pub struct Knobs {
     /// 503 (10 to 60000).
     #[arg(long, env = MAX_CLOCK_SKEW_MS, default_value_t = 1000)]
     pub max_clock_skew_ms: u64,
+    /// How often the replica checks that its rules and Domain tiers are current, besides
+    /// hearing of each change at once: the backstop for a notification it missed (100 to
+    /// 600000).
+    #[arg(long, env = RULES_POLL_INTERVAL_MS, default_value_t = 5000)]
+    pub rules_poll_interval_ms: u64,
+    /// How often the replica adds the decisions it counted per rule and minute to the usage
+    /// rows, in one statement (50 to 600000).
+    #[arg(long, env = RULE_USAGE_FLUSH_INTERVAL_MS, default_value_t = 10_000)]
+    pub rule_usage_flush_interval_ms: u64,
 }
 
 impl Knobs {
@@ -347,19 +367,32 @@ impl SecretsKeys {
     }
 }
 
-/// The default budget of each scope, validated.
+/// The default budget of each scope, validated: what governs a Domain no rule selects.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Limits {
     /// `secret_read_node`, in reads.
     pub secret_read_node: Limit,
     /// `secret_read_domain`, in reads.
     pub secret_read_domain: Limit,
-    /// `access_issuance_domain`, in enrolments; a Domain's own policy overrides it.
+    /// `access_issuance_domain`, in enrolments.
     pub access_issuance: Limit,
     /// `ingest_node`, in bytes.
     pub ingest_node: Limit,
     /// `ingest_domain`, in bytes.
     pub ingest_domain: Limit,
+}
+
+impl Limits {
+    /// The default budget of `scope`.
+    pub fn of(&self, scope: Scope) -> Limit {
+        match scope {
+            Scope::SecretReadNode => self.secret_read_node,
+            Scope::SecretReadDomain => self.secret_read_domain,
+            Scope::AccessIssuanceDomain => self.access_issuance,
+            Scope::IngestNode => self.ingest_node,
+            Scope::IngestDomain => self.ingest_domain,
+        }
+    }
 }
 
 /// What the HTTP server allows each client, so that slow or idle clients cannot hold a
@@ -444,7 +477,7 @@ pub struct Config {
     pub operators: Vec<OperatorCredential>,
     /// The keys secret values are sealed and opened with; `Debug` shows their ids only.
     pub keyring: secrets::Keyring,
-    /// The default budgets.
+    /// The default budgets, where no rule governs.
     pub limits: Limits,
     /// How often the leader sweeps idle buckets.
     pub sweep_interval: Duration,
@@ -464,7 +497,7 @@ pub struct Config {
     pub secret_cache_capacity: usize,
     /// How long a take waits for the shared store.
     pub decision_timeout: Duration,
-    /// Each scope's fail mode.
+    /// Each scope's default fail mode, where no rule governs.
     pub fail_modes: HashMap<Scope, FailMode>,
     /// What the HTTP server allows each client.
     pub http: HttpLimits,
@@ -472,6 +505,10 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// The largest error of the corrected clock with which the replica still decides.
     pub max_clock_skew: Duration,
+    /// How often the replica checks that its rules and tiers are current.
+    pub rules_poll_interval: Duration,
+    /// How often the replica flushes its rule usage counts.
+    pub rule_usage_flush_interval: Duration,
 }
 
 impl std::fmt::Debug for Config {
@@ -499,6 +536,8 @@ impl std::fmt::Debug for Config {
             .field("http", &self.http)
             .field("shutdown_grace", &self.shutdown_grace)
             .field("max_clock_skew", &self.max_clock_skew)
+            .field("rules_poll_interval", &self.rules_poll_interval)
+            .field("rule_usage_flush_interval", &self.rule_usage_flush_interval)
             .finish()
     }
 }
@@ -620,6 +659,12 @@ impl Config {
         if !(10..=60_000).contains(&knobs.max_clock_skew_ms) {
             return Err(ConfigError::new(MAX_CLOCK_SKEW_MS, "must be between 10 and 60000"));
         }
+        if !(100..=600_000).contains(&knobs.rules_poll_interval_ms) {
+            return Err(ConfigError::new(RULES_POLL_INTERVAL_MS, "must be between 100 and 600000"));
+        }
+        if !(50..=600_000).contains(&knobs.rule_usage_flush_interval_ms) {
+            return Err(ConfigError::new(RULE_USAGE_FLUSH_INTERVAL_MS, "must be between 50 and 600000"));
+        }
 
         Ok(Config {
             database,
@@ -640,6 +685,8 @@ impl Config {
             http,
             shutdown_grace: Duration::from_secs(knobs.shutdown_grace_secs),
             max_clock_skew: Duration::from_millis(knobs.max_clock_skew_ms),
+            rules_poll_interval: Duration::from_millis(knobs.rules_poll_interval_ms),
+            rule_usage_flush_interval: Duration::from_millis(knobs.rule_usage_flush_interval_ms),
         })
     }
 }

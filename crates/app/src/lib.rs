@@ -2,6 +2,7 @@
 //! once at boot, builds the pools, binds each context's ports to their adapters, serves the
 //! HTTP API and runs the leader-elected background loops.
 
+pub mod budgets;
 pub mod cli;
 pub mod clock;
 pub mod config;
@@ -14,6 +15,7 @@ pub mod revocations;
 pub mod startup;
 pub mod sweep;
 pub mod telemetry;
+pub mod usage;
 
 use sqlx::migrate::Migrator;
 

@@ -1,22 +1,26 @@
 //! What the composition root puts around every rate-budget decision, without the contexts
 //! knowing: a gate that does not decide at all while this replica's clock cannot be trusted
 //! (`crate::clock`; such a take is an error, HTTP 500, never a refusal), and the guard's
-//! observer, which counts decisions by scope and outcome and records the `RateLimit` fields
-//! of the response.
+//! observer, which counts decisions by scope and outcome (and by rule, for the usage rows),
+//! logs what shadow rules would have refused, and records the `RateLimit` fields of the
+//! response.
 //!
 //! The limiters decide through a [`ratebudget::Guard`], which tells its [`Observer`] about
 //! each decision on the deciding request's own task.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use ratebudget::{Decider, Decision, FailMode, Observer, Scope, Source, Take, Undecided};
+use ratebudget::{Decider, Decision, Enforcement, Observer, RuleRef, Scope, Source, Take, Undecided, Which};
+use smallvec::SmallVec;
 
+use crate::budgets::RuleRefs;
 use crate::clock::ClockStatus;
 use crate::http::rate_limit_headers;
 use crate::metrics::{Metrics, Outcome};
+use crate::usage::{Counted, Usage};
 
 /// Decides through `inner` only while the clock decisions are made on can be trusted.
 ///
@@ -48,31 +52,97 @@ impl Decider for ClockGate {
     }
 }
 
+/// The budgets a take spends, as the observer counts them: the position, the scope, and its
+/// enforcement. A named take counts under the scope it stands for, when it stands for one.
+fn budgets(take: &Take) -> SmallVec<[(Which, Scope, Enforcement); 2]> {
+    match take {
+        Take::Named(spend) => {
+            spend.limiter.scope().map(|scope| (Which::First, scope, spend.enforcement)).into_iter().collect()
+        }
+        _ => take.spends().map(|(which, spend)| (which, spend.scope, spend.enforcement)).collect(),
+    }
+}
+
 /// Counts a take that was not decided as `error` on every budget it spends.
 fn count_undecided(metrics: &Metrics, take: &Take) {
     if let Take::Named(spend) = take {
-        metrics.named_decision(spend.limiter.as_str(), Outcome::error);
+        if spend.limiter.scope().is_none() {
+            metrics.named_decision(spend.limiter.as_str(), Outcome::error);
+        }
     }
-    for (_, spend) in take.spends() {
-        metrics.decision(spend.scope, Outcome::error);
+    for (_, scope, _) in budgets(take) {
+        metrics.decision(scope, Outcome::error);
     }
 }
 
-/// Counts decisions and records the binding bucket for the response's fields.
+/// The most often one rule's shadow refusals are logged: the first at once, then one line
+/// at most this often, saying how many there were since.
+const SHADOW_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Counts decisions (by scope, and by rule for the usage rows), logs what shadow rules would
+/// have refused, and records the binding bucket for the response's fields.
 #[derive(Debug)]
 pub struct DecisionObserver {
     metrics: Metrics,
-    fail_modes: HashMap<Scope, FailMode>,
+    usage: Arc<Usage>,
+    refs: RuleRefs,
+    /// Per rule: when its shadow refusals were last logged, and how many since.
+    shadow_logged: Mutex<HashMap<RuleRef, (Instant, u64)>>,
 }
 
 impl DecisionObserver {
-    /// An observer counting into `metrics`; `fail_modes` says which scopes fall back to
-    /// local decisions when the store fails (for the fallback gauge).
-    pub fn new(metrics: Metrics, fail_modes: HashMap<Scope, FailMode>) -> DecisionObserver {
+    /// An observer counting into `metrics` and, per rule, into `usage`; `refs` names the
+    /// rules in the log.
+    pub fn new(metrics: Metrics, usage: Arc<Usage>, refs: RuleRefs) -> DecisionObserver {
         for scope in Scope::ALL {
             metrics.set_fallback_active(scope, false);
         }
-        DecisionObserver { metrics, fail_modes }
+        DecisionObserver { metrics, usage, refs, shadow_logged: Mutex::default() }
+    }
+
+    fn count(&self, scope: Scope, enforcement: Enforcement, now: DateTime<Utc>, outcome: Outcome) {
+        self.metrics.decision(scope, outcome);
+        let Some(rule) = enforcement.rule else { return };
+        let counted = match outcome {
+            Outcome::granted | Outcome::fallback_granted | Outcome::open_granted => Counted::Granted,
+            Outcome::refused | Outcome::precheck_refused | Outcome::fallback_refused => Counted::Refused,
+            Outcome::shadow_refused => Counted::ShadowRefused,
+            Outcome::error => return,
+        };
+        self.usage.count(rule, now, counted);
+    }
+
+    /// Logs a shadow refusal: the first of a rule at once, then at most one line every
+    /// [`SHADOW_LOG_EVERY`] with the number since, so a flood does not flood the log.
+    fn log_shadow_refusal(&self, scope: Scope, enforcement: Enforcement, retry_after: Option<Duration>) {
+        let Some(rule) = enforcement.rule else { return };
+        let suppressed = {
+            let mut logged = lock(&self.shadow_logged);
+            let now = Instant::now();
+            match logged.get_mut(&rule) {
+                Some((last, since)) if now.duration_since(*last) < SHADOW_LOG_EVERY => {
+                    *since += 1;
+                    return;
+                }
+                Some((last, since)) => {
+                    let suppressed = *since;
+                    (*last, *since) = (now, 0);
+                    suppressed
+                }
+                None => {
+                    logged.insert(rule, (now, 0));
+                    0
+                }
+            }
+        };
+        let rule_id = self.refs.id(rule).map(|id| id.to_string()).unwrap_or_default();
+        tracing::info!(
+            rule_id,
+            %scope,
+            retry_after_ms = retry_after.map(|wait| wait.as_millis() as u64),
+            also_since_last_line = suppressed,
+            "a shadow rule would have refused this request; admitted"
+        );
     }
 }
 
@@ -84,46 +154,60 @@ impl Observer for DecisionObserver {
         outcome: Result<(&Decision, Source), &Undecided>,
         elapsed: Duration,
     ) {
-        for (_, spend) in take.spends() {
-            self.metrics.take_duration(spend.scope, elapsed);
+        let spent = budgets(take);
+        for (_, scope, _) in &spent {
+            self.metrics.take_duration(*scope, elapsed);
         }
         let (decision, source) = match outcome {
             Ok(decided) => decided,
             Err(_) => return count_undecided(&self.metrics, take),
         };
         if let Take::Named(spend) = take {
-            let outcome = match (decision, source) {
-                (Decision::Granted(_), Source::Fallback) => Outcome::fallback_granted,
-                (Decision::Granted(_), _) => Outcome::granted,
-                (_, Source::Precheck) => Outcome::precheck_refused,
-                (_, Source::Fallback) => Outcome::fallback_refused,
-                (_, Source::Store) => Outcome::refused,
-            };
-            return self.metrics.named_decision(spend.limiter.as_str(), outcome);
+            if spend.limiter.scope().is_none() {
+                let outcome = match (decision, source) {
+                    (Decision::Granted(_), Source::Fallback) => Outcome::fallback_granted,
+                    (Decision::Granted(_), Source::Open) => Outcome::open_granted,
+                    (Decision::Granted(_), _) => Outcome::granted,
+                    (_, Source::Precheck) => Outcome::precheck_refused,
+                    (_, Source::Fallback) => Outcome::fallback_refused,
+                    (_, _) => Outcome::refused,
+                };
+                return self.metrics.named_decision(spend.limiter.as_str(), outcome);
+            }
         }
-        match decision {
+        if matches!(source, Source::Fallback | Source::Open) {
+            for (_, scope, _) in &spent {
+                self.metrics.set_fallback_active(*scope, true);
+            }
+        }
+        let refused = match decision {
             // A pair is all-or-nothing: a grant is a grant on both budgets.
             Decision::Granted(_) => {
-                let outcome =
-                    if source == Source::Fallback { Outcome::fallback_granted } else { Outcome::granted };
-                for (_, spend) in take.spends() {
-                    self.metrics.decision(spend.scope, outcome);
+                let outcome = match source {
+                    Source::Fallback => Outcome::fallback_granted,
+                    Source::Open => Outcome::open_granted,
+                    Source::Store | Source::Precheck => Outcome::granted,
+                };
+                for (_, scope, enforcement) in &spent {
+                    self.count(*scope, *enforcement, now, outcome);
                 }
+                None
             }
             // Only the bucket that refused was decided on.
-            Decision::Refused(refusal) => {
+            Decision::Refused(refusal) => Some((refusal.which, Some(refusal.retry_after), source)),
+            Decision::InsufficientCapacity(never) => Some((never.which, None, Source::Store)),
+        };
+        if let Some((which, retry_after, source)) = refused {
+            if let Some((_, scope, enforcement)) = spent.iter().find(|(position, _, _)| *position == which) {
                 let outcome = match source {
-                    Source::Store => Outcome::refused,
+                    _ if enforcement.is_shadow() => Outcome::shadow_refused,
                     Source::Precheck => Outcome::precheck_refused,
                     Source::Fallback => Outcome::fallback_refused,
+                    Source::Store | Source::Open => Outcome::refused,
                 };
-                if let Some(spend) = take.spend(refusal.which) {
-                    self.metrics.decision(spend.scope, outcome);
-                }
-            }
-            Decision::InsufficientCapacity(never) => {
-                if let Some(spend) = take.spend(never.which) {
-                    self.metrics.decision(spend.scope, Outcome::refused);
+                self.count(*scope, *enforcement, now, outcome);
+                if enforcement.is_shadow() {
+                    self.log_shadow_refusal(*scope, *enforcement, retry_after);
                 }
             }
         }
@@ -133,17 +217,24 @@ impl Observer for DecisionObserver {
     }
 
     fn abandoned(&self, take: &Take, elapsed: Duration) {
-        for (_, spend) in take.spends() {
-            self.metrics.take_duration(spend.scope, elapsed);
+        for (_, scope, _) in budgets(take) {
+            self.metrics.take_duration(scope, elapsed);
         }
         count_undecided(&self.metrics, take);
     }
 
     fn store_failing(&self, failing: bool) {
-        for (scope, mode) in &self.fail_modes {
-            if *mode == FailMode::Local {
-                self.metrics.set_fallback_active(*scope, failing);
+        // Scopes say they decide without the store when one of their takes does (their rules
+        // decide which); all of them stop when the store answers again.
+        if !failing {
+            for scope in Scope::ALL {
+                self.metrics.set_fallback_active(scope, false);
             }
         }
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // The log's bookkeeping is replaced whole; a panic cannot tear it.
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

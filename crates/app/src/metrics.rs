@@ -6,7 +6,7 @@
 //! The reference names its OpenTelemetry instruments `ratelimit.decisions` and
 //! `ratelimit.fallbacks`; here they are `plexsphere_rate_budget_decisions_total` (every
 //! outcome, labelled) and the `fallback_granted`/`fallback_refused` outcomes of it, with
-//! `plexsphere_rate_budget_fallback_active` saying when a scope decides from its fallback.
+//! `plexsphere_rate_budget_fallback_active` saying when a scope decides without the store.
 
 use std::fmt::Write as _;
 use std::sync::atomic::AtomicU64;
@@ -33,6 +33,9 @@ impl EncodeLabelValue for ScopeLabel {
 
 /// How a decision came out. `error` is a budget that could not be evaluated (HTTP 500), never
 /// counted as a refusal; a take cut off by the request's deadline counts as `error` too.
+/// `shadow_refused` is a refusal by a budget in shadow mode, whose request was admitted;
+/// `open_granted` a take admitted without a decision because the store could not answer and
+/// its fail mode is open.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types, missing_docs)]
 pub enum Outcome {
@@ -41,6 +44,8 @@ pub enum Outcome {
     precheck_refused,
     fallback_granted,
     fallback_refused,
+    shadow_refused,
+    open_granted,
     error,
 }
 
@@ -82,6 +87,39 @@ enum SweepOutcomeLabel {
 /// `None` for waiting where the set cannot tell.
 type PoolProbe = Box<dyn Fn() -> (usize, Option<usize>) + Send + Sync>;
 
+/// What the replica decides its limits with, read when `/metrics` is scraped: the rules
+/// snapshot, the tier directory, and how many buckets the guard remembers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LimitsReading {
+    /// The rules' revision the snapshot holds (-1 before the first load).
+    pub snapshot_version: i64,
+    /// Seconds since the snapshot was last known current (loaded, or its revision confirmed).
+    pub snapshot_age_seconds: f64,
+    /// The tiers' revision the directory holds (-1 before the first load).
+    pub tiers_version: i64,
+    /// Buckets the guard's pre-check and fallback remember.
+    pub precheck_buckets: u64,
+}
+
+impl Default for LimitsReading {
+    /// Nothing loaded.
+    fn default() -> Self {
+        LimitsReading {
+            snapshot_version: -1,
+            snapshot_age_seconds: 0.0,
+            tiers_version: -1,
+            precheck_buckets: 0,
+        }
+    }
+}
+
+type LimitsProbe = Box<dyn Fn() -> LimitsReading + Send + Sync>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FlushLabels {
+    outcome: SweepOutcomeLabel,
+}
+
 /// The process's metrics; cheap to clone, clones share the registry.
 #[derive(Clone)]
 pub struct Metrics {
@@ -99,6 +137,12 @@ pub struct Metrics {
     sweeps: Family<SweepLabels, Counter>,
     swept_rows: Counter,
     clock_offset: Gauge<f64, AtomicU64>,
+    rules_snapshot_version: Gauge,
+    rules_snapshot_age: Gauge<f64, AtomicU64>,
+    domain_tiers_version: Gauge,
+    precheck_buckets: Gauge,
+    limits_probe: Arc<Mutex<Option<LimitsProbe>>>,
+    usage_flushes: Family<FlushLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -185,6 +229,36 @@ impl Metrics {
             "The database's clock minus this replica's wall clock, as last measured (decisions use the database's)",
             clock_offset.clone(),
         );
+        let rules_snapshot_version = Gauge::default();
+        registry.register(
+            "rules_snapshot_version",
+            "The rules' revision this replica's compiled snapshot holds (how many rule changes it has heard of; -1 before the first load)",
+            rules_snapshot_version.clone(),
+        );
+        let rules_snapshot_age = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "rules_snapshot_age_seconds",
+            "Seconds since this replica last knew its rules snapshot current (loaded it, or found its revision unchanged)",
+            rules_snapshot_age.clone(),
+        );
+        let domain_tiers_version = Gauge::default();
+        registry.register(
+            "domain_tiers_version",
+            "The Domain tiers' revision this replica's tier directory holds (-1 before the first load)",
+            domain_tiers_version.clone(),
+        );
+        let precheck_buckets = Gauge::default();
+        registry.register(
+            "rate_budget_precheck_buckets",
+            "Buckets this replica's guard remembers for its pre-check and fallback (a rule change that may grow a budget forgets those it governs)",
+            precheck_buckets.clone(),
+        );
+        let usage_flushes = Family::<FlushLabels, Counter>::default();
+        registry.register(
+            "rule_usage_flushes",
+            "Flushes of this replica's per-rule decision counts to the usage rows (error: kept for the next)",
+            usage_flushes.clone(),
+        );
         Metrics {
             registry: Arc::new(registry),
             leader,
@@ -200,6 +274,12 @@ impl Metrics {
             sweeps,
             swept_rows,
             clock_offset,
+            rules_snapshot_version,
+            rules_snapshot_age,
+            domain_tiers_version,
+            precheck_buckets,
+            limits_probe: Arc::default(),
+            usage_flushes,
         }
     }
 
@@ -249,6 +329,17 @@ impl Metrics {
         lock(&self.pools).push((pool, Box::new(probe)));
     }
 
+    /// Reports the rules snapshot, tier directory and guard on every scrape from `probe`.
+    pub fn watch_limits(&self, probe: impl Fn() -> LimitsReading + Send + Sync + 'static) {
+        *lock(&self.limits_probe) = Some(Box::new(probe));
+    }
+
+    /// Counts one flush of rule usage counts.
+    pub fn usage_flush(&self, ok: bool) {
+        let outcome = if ok { SweepOutcomeLabel::ok } else { SweepOutcomeLabel::error };
+        self.usage_flushes.get_or_create(&FlushLabels { outcome }).inc();
+    }
+
     /// Counts one sweep and the rows it deleted (`None` when it failed).
     pub fn sweep(&self, deleted: Option<u64>) {
         let outcome = if deleted.is_some() { SweepOutcomeLabel::ok } else { SweepOutcomeLabel::error };
@@ -270,6 +361,13 @@ impl Metrics {
                 self.connections_waiting.get_or_create(&PoolLabels { pool }).set(waiting as i64);
             }
         }
+        if let Some(probe) = lock(&self.limits_probe).as_ref() {
+            let reading = probe();
+            self.rules_snapshot_version.set(reading.snapshot_version);
+            self.rules_snapshot_age.set(reading.snapshot_age_seconds);
+            self.domain_tiers_version.set(reading.tiers_version);
+            self.precheck_buckets.set(i64::try_from(reading.precheck_buckets).unwrap_or(i64::MAX));
+        }
         let mut text = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
@@ -284,6 +382,6 @@ impl Default for Metrics {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // The probes list is only ever pushed to; a panic cannot leave it half-written.
+    // The probes are only ever set whole; a panic cannot leave one half-written.
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

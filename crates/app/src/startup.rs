@@ -5,24 +5,30 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use std::collections::HashMap;
-
-use ratebudget::{Clock, Decider, FailMode, Guard, GuardConfig, LimiterName, Spender, Store};
+use ratebudget::{Clock, Decider, Guard, GuardConfig, Spender, Store};
+use rules::{PgRulesRepository, RulesService};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::budgets::{self, RuleBudgets, RuleRefs, Sources};
 use crate::clock::{self, ClockStatus, TimeSource};
 use crate::config::Config;
 use crate::http::{self, AppState, CredentialCache, OperatorTokens};
 use crate::leader::{self, LeaderTiming, Leadership};
 use crate::limits::{ClockGate, DecisionObserver};
 use crate::metrics::Metrics;
+use crate::usage::{self, Usage};
 use crate::{revocations, sweep};
 
 /// How many Node credentials a replica keeps authenticated at once.
 const CREDENTIAL_CACHE_CAPACITY: usize = 100_000;
+
+/// The background pool's size: two listeners hold one each (resets; rules and tiers), the
+/// sweep one while it runs, and the clock check, the rules' poll and reloads and the usage
+/// flush take one briefly.
+const BACKGROUND_CONNECTIONS: u32 = 5;
 
 /// What a test may vary that an operator never sets.
 #[derive(Clone, Debug)]
@@ -61,6 +67,8 @@ pub struct Application {
     resets: JoinHandle<()>,
     revocations: JoinHandle<()>,
     secret_changes: JoinHandle<()>,
+    rules: JoinHandle<()>,
+    usage: JoinHandle<()>,
     limiter_store: Store,
 }
 
@@ -76,26 +84,22 @@ impl Application {
 
         let api_pool = request_pool(&config);
         let store = Store::new(limiter_pool(&config)).with_coalescing(config.coalescing);
+        let rule_refs = RuleRefs::default();
+        let usage = Arc::new(Usage::default());
         let guard = Arc::new(Guard::new(
             Arc::new(store.clone()),
             GuardConfig {
                 decision_timeout: config.decision_timeout,
-                fail_modes: config.fail_modes.clone(),
-                // Failed authentications keep being throttled per replica while the store
-                // cannot answer: the alternative is an unthrottled guesser or a 500 for a
-                // client whose credentials were simply wrong.
-                named_fail_modes: HashMap::from([(
-                    LimiterName::new(http::throttle::AUTH_FAILURE).expect("a valid limiter name"),
-                    FailMode::Local,
-                )]),
                 capacity: GuardConfig::DEFAULT_CAPACITY,
             },
-            Arc::new(DecisionObserver::new(metrics.clone(), config.fail_modes.clone())),
+            Arc::new(DecisionObserver::new(metrics.clone(), usage.clone(), rule_refs.clone())),
         ));
+        let rule_budgets = Arc::new(RuleBudgets::new(&config, guard.clone(), rule_refs.clone()));
         // Background work gets a pool of its own so it never takes a request's connection:
-        // the sweep, the reset listener (which holds one), the clock discipline, and a spare.
+        // the sweep, the reset listener and the rule listener (each holds one), and the clock
+        // discipline, the rules' poll and reloads, and the usage flush, which are short.
         let background_pool = PgPoolOptions::new()
-            .max_connections(4)
+            .max_connections(BACKGROUND_CONNECTIONS)
             .acquire_timeout(Duration::from_secs(10))
             .connect_lazy_with(
                 config
@@ -124,15 +128,45 @@ impl Application {
                 Time { clock: Arc::new(clock), status, task }
             }
         };
-        // Takes decide through the clock gate, then the guard, then the store.
+        // Takes decide through the clock gate, then the guard, then the store, each sized by
+        // the rules (or the knobs) at the moment it is made.
         let decider: Arc<dyn Decider> =
             Arc::new(ClockGate::new(guard.clone(), time.status.clone(), metrics.clone()));
         let credentials = CredentialCache::new(CREDENTIAL_CACHE_CAPACITY);
         let secret_cache = secrets::SecretCache::new(config.secret_cache_capacity);
+        let spender = Spender::new(decider.clone(), time.clock.clone(), rule_budgets.clone());
+        let issuance: Arc<dyn access::Limiter> =
+            Arc::new(access::RateBudgetIssuanceLimiter::new(spender.clone()));
+        let sources = Sources {
+            rules: RulesService::new(Arc::new(PgRulesRepository::new(background_pool.clone()))),
+            access: access::AccessService::new(
+                Arc::new(access::PgAccessRepository::new(background_pool.clone())),
+                issuance.clone(),
+            ),
+        };
+        // Nothing is decided before the rules and tiers are loaded. Loading them here means a
+        // replica that can reach the database serves decisions from its first request; one
+        // that cannot starts anyway (answering /healthz) and its listener loads them later.
+        match tokio::time::timeout(config.database_timeout, rule_budgets.reload(&sources)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(error = %http::cause_chain(error.as_ref()), "cannot load the rate-budget rules yet; retrying in the background")
+            }
+            Err(_) => {
+                tracing::warn!("the rate-budget rules did not load in time; retrying in the background")
+            }
+        }
+        // Weak: the budgets hold the guard, whose observer holds the metrics; a strong
+        // reference here would be a cycle that keeps every pool the metrics watch open.
+        let reading = Arc::downgrade(&rule_budgets);
+        metrics.watch_limits(move || reading.upgrade().map(|budgets| budgets.reading()).unwrap_or_default());
         let state = AppState {
-            access: bind_access(&config, &api_pool, &decider, &time),
-            secrets: bind_secrets(&config, &api_pool, &decider, &time, &secret_cache),
-            ingest: bind_ingest(&config, &api_pool, &decider, &time),
+            access: access::AccessService::new(
+                Arc::new(access::PgAccessRepository::new(api_pool.clone())),
+                issuance,
+            ),
+            secrets: bind_secrets(&config, &api_pool, &spender, &secret_cache),
+            ingest: bind_ingest(&api_pool, &spender),
             budgets: store.clone(),
             guard: guard.clone(),
             operator_tokens: OperatorTokens::new(&config.operators),
@@ -152,6 +186,9 @@ impl Application {
             body_timeout: config.http.body_timeout,
             request_timeout: config.http.request_timeout,
             clock: time.status.clone(),
+            decision_clock: time.clock.clone(),
+            rules: RulesService::new(Arc::new(PgRulesRepository::new(api_pool.clone()))),
+            rule_budgets: rule_budgets.clone(),
         };
 
         let state_pools = (api_pool, store.clone(), background_pool.clone());
@@ -176,8 +213,23 @@ impl Application {
         ));
         let (leadership, elector) =
             leader::spawn(config.database.clone(), wiring.leader_timing, metrics.clone(), shutdown.clone());
+        let rules = tokio::spawn(budgets::follow(
+            rule_budgets,
+            background_pool.clone(),
+            sources.clone(),
+            config.rules_poll_interval,
+            shutdown.clone(),
+        ));
+        let usage = tokio::spawn(usage::run(
+            usage,
+            rule_refs,
+            sources.rules.clone(),
+            metrics.clone(),
+            config.rule_usage_flush_interval,
+            shutdown.clone(),
+        ));
         let sweeper = tokio::spawn(sweep::run(
-            Store::new(background_pool),
+            (Store::new(background_pool), sources.rules),
             (time.clock.clone(), time.status.clone()),
             leadership.clone(),
             metrics.clone(),
@@ -209,6 +261,8 @@ impl Application {
             resets,
             revocations,
             secret_changes,
+            rules,
+            usage,
             limiter_store: store,
         })
     }
@@ -248,12 +302,15 @@ impl Application {
             mut resets,
             mut revocations,
             mut secret_changes,
+            mut rules,
+            mut usage,
             limiter_store,
             ..
         } = self;
         let (mut server_result, mut elector_done, mut sweeper_done) = (None, false, false);
         let (mut clock_done, mut resets_done, mut revocations_done, mut secret_changes_done) =
             (false, false, false, false);
+        let (mut rules_done, mut usage_done) = (false, false);
         tokio::select! {
             // Shutdown first: once it is cancelled every task ends, and that is not news.
             biased;
@@ -286,6 +343,14 @@ impl Application {
                 tracing::error!("the revocation listener stopped on its own");
                 revocations_done = true;
             }
+            _ = &mut rules => {
+                tracing::error!("the rule and tier follower stopped on its own");
+                rules_done = true;
+            }
+            _ = &mut usage => {
+                tracing::error!("the rule usage flusher stopped on its own");
+                usage_done = true;
+            }
         }
         shutdown.cancel();
         let server_result = match server_result {
@@ -312,6 +377,13 @@ impl Application {
         }
         if !revocations_done {
             let _ = revocations.await;
+        }
+        if !rules_done {
+            let _ = rules.await;
+        }
+        // After the server: every request has been decided, so the last flush counts them all.
+        if !usage_done {
+            let _ = usage.await;
         }
         // No request is in flight any more: say goodbye to the server on the take connections.
         limiter_store.close().await;
@@ -382,46 +454,19 @@ fn pool(config: &Config, application_name: &str, settings: &[(&str, &str)]) -> P
         .connect_lazy_with(options)
 }
 
-fn bind_access(
-    config: &Config,
-    pool: &PgPool,
-    decider: &Arc<dyn Decider>,
-    time: &Time,
-) -> access::AccessService {
-    let limiter = access::RateBudgetIssuanceLimiter::new(
-        Spender::new(decider.clone(), time.clock.clone()),
-        config.limits.access_issuance,
-    );
-    access::AccessService::new(Arc::new(access::PgAccessRepository::new(pool.clone())), Arc::new(limiter))
-}
-
 fn bind_secrets(
     config: &Config,
     pool: &PgPool,
-    decider: &Arc<dyn Decider>,
-    time: &Time,
+    spender: &Spender,
     cache: &secrets::SecretCache,
 ) -> secrets::SecretsService {
-    let limiter = secrets::RateBudgetReadLimiter::new(
-        Spender::new(decider.clone(), time.clock.clone()),
-        config.limits.secret_read_node,
-        config.limits.secret_read_domain,
-    );
+    let limiter = secrets::RateBudgetReadLimiter::new(spender.clone());
     let repository =
         secrets::CachedSecretRepository::new(secrets::PgSecretRepository::new(pool.clone()), cache.clone());
     secrets::SecretsService::new(Arc::new(repository), Arc::new(limiter), Arc::new(config.keyring.clone()))
 }
 
-fn bind_ingest(
-    config: &Config,
-    pool: &PgPool,
-    decider: &Arc<dyn Decider>,
-    time: &Time,
-) -> ingest::IngestService {
-    let limiter = ingest::RateBudgetQuotaLimiter::new(
-        Spender::new(decider.clone(), time.clock.clone()),
-        config.limits.ingest_node,
-        config.limits.ingest_domain,
-    );
+fn bind_ingest(pool: &PgPool, spender: &Spender) -> ingest::IngestService {
+    let limiter = ingest::RateBudgetQuotaLimiter::new(spender.clone());
     ingest::IngestService::new(Arc::new(ingest::PgBatchRepository::new(pool.clone())), Arc::new(limiter))
 }

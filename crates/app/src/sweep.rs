@@ -1,4 +1,5 @@
-//! The `rate-budget-sweep` loop: the leader deletes buckets idle for over an hour.
+//! The `rate-budget-sweep` loop: the leader deletes buckets idle for over an hour, and the
+//! rules' usage older than [`USAGE_RETENTION`].
 //!
 //! The retention is not a tuning choice. Every shipped budget refills to full within seconds
 //! of being left alone, so a bucket idle for an hour is a full bucket, and deleting it is
@@ -37,6 +38,10 @@ const BATCH_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a bucket must be idle before the sweep deletes it: the rate-budget store's
 /// retention, which every budget is required to refill within.
 pub const RETENTION: Duration = ratebudget::IDLE_RETENTION;
+
+/// How long the rules' usage rows are kept: a week of minutes, enough to compare a shadow
+/// rule's would-be refusals with last week's traffic.
+pub const USAGE_RETENTION: chrono::TimeDelta = chrono::TimeDelta::days(7);
 
 /// What one tick of the loop did.
 #[derive(Debug)]
@@ -95,10 +100,10 @@ pub async fn sweep_once(
 }
 
 /// One tick: sweeps while this replica leads and is not shutting down (checked before every
-/// batch, so a replica that loses leadership mid-sweep stops within one batch), and logs and
-/// counts what happened.
+/// batch, so a replica that loses leadership mid-sweep stops within one batch), then deletes
+/// usage past its retention, and logs and counts what happened.
 pub async fn tick(
-    store: &Store,
+    (store, rules): (&Store, &rules::RulesService),
     (clock, status): (&dyn Clock, &ClockStatus),
     leadership: &Leadership,
     metrics: &Metrics,
@@ -116,6 +121,20 @@ pub async fn tick(
         }
         Err(untrusted) => Err(untrusted.into()),
     };
+    if swept.is_ok() && leadership.is_leader() {
+        // Usage is bookkeeping, not budgets: its failure is logged and retried next tick,
+        // and does not count as a failed sweep.
+        let before = clock.now() - USAGE_RETENTION;
+        match tokio::time::timeout(BATCH_TIMEOUT, rules.prune_usage(before)).await {
+            Ok(Ok(pruned)) => {
+                tracing::info!(loop_name = LOOP_NAME, pruned, "deleted rule usage past its retention")
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(loop_name = LOOP_NAME, error = %crate::http::cause_chain(&error), "cannot delete old rule usage; the next tick retries")
+            }
+            Err(_) => tracing::warn!(loop_name = LOOP_NAME, "deleting old rule usage did not finish in time"),
+        }
+    }
     match swept {
         Ok(deleted) => {
             tracing::info!(loop_name = LOOP_NAME, deleted, "swept idle rate budgets");
@@ -133,7 +152,7 @@ pub async fn tick(
 /// Sweeps when this replica becomes leader and every `interval` while it leads, until
 /// `shutdown`. A follower waits for leadership and never touches the table.
 pub async fn run(
-    store: Store,
+    (store, rules): (Store, rules::RulesService),
     (clock, status): (Arc<dyn Clock>, ClockStatus),
     mut leadership: Leadership,
     metrics: Metrics,
@@ -153,7 +172,7 @@ pub async fn run(
                 () = tokio::time::sleep(crate::clock::RETRY_INTERVAL) => {}
             }
         }
-        tick(&store, (clock.as_ref(), &status), &leadership, &metrics, &shutdown).await;
+        tick((&store, &rules), (clock.as_ref(), &status), &leadership, &metrics, &shutdown).await;
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(interval) => {}

@@ -89,16 +89,19 @@ pub enum Action {
     /// `DELETE /v1/budgets/{scope}/{key}` or `plexsphere budgets reset`: a bucket forgotten
     /// (the subject is the Node or the Domain whose bucket it was).
     ResetBudget,
+    /// `PATCH /v1/domains/{domain_id}`: the Domain moved to another tier.
+    RetierDomain,
 }
 
 impl Action {
-    const ALL: [Action; 6] = [
+    const ALL: [Action; 7] = [
         Action::CreateDomain,
         Action::EnrolNode,
         Action::RevokeNode,
         Action::PutSecret,
         Action::RekeySecrets,
         Action::ResetBudget,
+        Action::RetierDomain,
     ];
 
     /// The action as stored and shown: `noun.verb`.
@@ -110,6 +113,7 @@ impl Action {
             Action::PutSecret => "secret.put",
             Action::RekeySecrets => "secrets.rekey",
             Action::ResetBudget => "budget.reset",
+            Action::RetierDomain => "domain.retier",
         }
     }
 

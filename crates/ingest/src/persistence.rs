@@ -3,7 +3,7 @@
 //!
 //! This is the only module of the context that names `sqlx` or `ratebudget`.
 
-use ratebudget::{Decision, Key, Limit, PairBudget, Scope, Spender, Which};
+use ratebudget::{Decision, Key, PairBudget, Scope, Spender, Which};
 use sqlx::PgPool;
 
 use crate::{BatchId, BatchRepository, Limiter, Quota, QuotaError, RepositoryError, Sender};
@@ -52,19 +52,17 @@ impl BatchRepository for PgBatchRepository {
 /// Both are spent in one two-budget take, all-or-nothing (docs/adr/0002). Two single takes in
 /// a row would either lose the Node's debit when the Domain refuses (the Node pays for a batch
 /// that was never accepted) or need a refund that a crash or timeout between the two can
-/// skip, and would cost a second round trip on every batch.
-///
+/// skip, and would cost a second round trip on every batch. Both are sized by the policies
+/// the spender's budgets give for the sender's Domain, asked on every batch.
 #[derive(Clone, Debug)]
 pub struct RateBudgetQuotaLimiter {
     quotas: PairBudget,
 }
 
 impl RateBudgetQuotaLimiter {
-    /// A limiter spending through `spender`, sizing each Node's bucket with `node_quota` and
-    /// each Domain's with `domain_quota` (in bytes and bytes per second).
-    pub fn new(spender: Spender, node_quota: Limit, domain_quota: Limit) -> RateBudgetQuotaLimiter {
-        let quotas = spender.pair((Scope::IngestNode, node_quota), (Scope::IngestDomain, domain_quota));
-        RateBudgetQuotaLimiter { quotas }
+    /// A limiter spending through `spender` (its budgets in bytes and bytes per second).
+    pub fn new(spender: Spender) -> RateBudgetQuotaLimiter {
+        RateBudgetQuotaLimiter { quotas: spender.pair(Scope::IngestNode, Scope::IngestDomain) }
     }
 }
 
@@ -79,7 +77,7 @@ impl Limiter for RateBudgetQuotaLimiter {
         // closed as an outage, never read as a refusal.
         let decision = self
             .quotas
-            .spend(node, domain, cost)
+            .spend(node, domain, domain, cost)
             .await
             .map_err(|error| QuotaError::Unavailable(Box::new(error)))?;
         let quota = |which| if which == Which::First { Quota::Node } else { Quota::Domain };

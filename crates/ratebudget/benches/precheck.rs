@@ -109,7 +109,7 @@ pub(crate) fn run(database_url: &str) -> PrecheckRun {
     let started = Instant::now();
     runtime.block_on(async {
         for i in 0..MEASURED {
-            let spend = Spend { scope: Scope::SecretReadNode, key: keys[i % KEYS], cost: 1.0, limit };
+            let spend = Spend::new(Scope::SecretReadNode, keys[i % KEYS], 1.0, limit);
             let decision = guard.decide(Take::Single(spend), now).await.unwrap();
             assert!(!decision.is_granted());
         }
@@ -148,18 +148,13 @@ async fn prepare(options: &PgConnectOptions) -> (Guard, Arc<Sources>, Vec<Key>) 
     MIGRATOR.run(&pool).await.unwrap();
 
     let sources = Arc::new(Sources::default());
-    let config = GuardConfig {
-        decision_timeout: Duration::from_secs(5),
-        fail_modes: Default::default(),
-        named_fail_modes: Default::default(),
-        capacity: 2 * KEYS as u64,
-    };
+    let config = GuardConfig { decision_timeout: Duration::from_secs(5), capacity: 2 * KEYS as u64 };
     let guard = Guard::new(Arc::new(Store::new(pool.clone())), config, sources.clone());
     let limit = Limit::new(10.0, 20.0).unwrap();
     let now = Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap();
     let keys: Vec<Key> = (0..KEYS).map(|_| Key::from(uuid::Uuid::new_v4())).collect();
     for key in &keys {
-        let take = Take::Single(Spend { scope: Scope::SecretReadNode, key: *key, cost: 20.0, limit });
+        let take = Take::Single(Spend::new(Scope::SecretReadNode, *key, 20.0, limit));
         assert!(guard.decide(take, now).await.unwrap().is_granted());
     }
     (guard, sources, keys)

@@ -269,14 +269,8 @@ async fn measure(args: &Args, workload: Workload, clients: usize) -> Row {
                         }
                         Workload::Pair => {
                             let domain = domains[rng.random_range(0..domains.len())];
-                            let first =
-                                Spend { scope: Scope::IngestNode, key: node, cost: 1.0, limit: plenty_limit };
-                            let second = Spend {
-                                scope: Scope::IngestDomain,
-                                key: domain,
-                                cost: 1.0,
-                                limit: plenty_limit,
-                            };
+                            let first = Spend::new(Scope::IngestNode, node, 1.0, plenty_limit);
+                            let second = Spend::new(Scope::IngestDomain, domain, 1.0, plenty_limit);
                             assert!(store
                                 .decide(Take::Pair(first, second), now())
                                 .await

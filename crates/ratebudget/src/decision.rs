@@ -86,6 +86,12 @@ impl Grant {
         self.named.map(|(_, left)| left)
     }
 
+    /// For a named limiter's grant: the key's theoretical arrival time as the grant set it,
+    /// the instant its budget is full again if nobody spends.
+    pub fn tat(&self) -> Option<DateTime<Utc>> {
+        self.named.map(|(tat, _)| tat)
+    }
+
     /// The bucket `which` right after the debit: `tokens` is what is left at the decision's
     /// instant. `None` for a spend of zero cost, which is granted without looking at its bucket.
     pub fn remaining(&self, which: Which) -> Option<Fill> {

@@ -9,13 +9,16 @@
 //!    grant left, or what a refusal judged). A take whose cost (b) cannot cover yet, or that
 //!    (a) cannot cover, is refused here, without a statement.
 //! 2. **The store**, asked with a deadline (the decision timeout), behind a circuit: after a
-//!    few failures in a row, takes whose scopes all decide locally do not ask it at all (they
-//!    decide from their fallback at once) while it is probed twice a second, until a probe or
-//!    any other take finds it answering. Takes that fail closed keep asking: skipping the store
+//!    few failures in a row, takes that do not fail closed do not ask it at all (they decide
+//!    by their fail mode at once) while it is probed twice a second, until a probe or any
+//!    other take finds it answering. Takes that fail closed keep asking: skipping the store
 //!    would only turn their wait into a 500.
-//! 3. **The fail mode** of each scope when the store cannot answer or is not asked: `Closed`
-//!    (the take is [`Undecided`], an HTTP 500) or `Local` (an in-memory bucket of the same
-//!    limit decides, per replica, and a warning is logged at most once a minute per scope).
+//! 3. **The fail mode** each take carries ([`Spend::enforcement`], set per take by whoever
+//!    sized it, so a changed rule applies at once) when the store cannot answer or is not
+//!    asked: [`FailMode::Closed`] (the take is [`Undecided`], an HTTP 500),
+//!    [`FailMode::Local`] (an in-memory bucket of the same limit decides, per replica) or
+//!    [`FailMode::Open`] (admitted, nothing debited); the latter two log a warning at most
+//!    once a minute per scope. A pair fails by the stricter of its two modes.
 //!
 //! # Which takes the pre-check refuses that the store would admit
 //!
@@ -36,7 +39,11 @@
 //! instant, the refill up to the other's later one, less `c`; when the skew exceeds
 //! `c / rate` that is more than the learned row implies, and the pre-check refuses what the
 //! store would admit. It only ever under-admits, by at most the skew's worth of refill, and
-//! skew is bounded by the clock discipline (docs/adr). (Costs below the float spacing of a
+//! skew is bounded by the clock discipline (docs/adr). Two replicas deciding one bucket with
+//! different limits (one has heard of a changed rule, the other not yet) are the same
+//! exception in another form; it lasts until the other hears, and a replica that hears of a
+//! budget that may have grown forgets what it knew of that budget's buckets
+//! ([`Guard::forget_scope`], [`Guard::forget`]). (Costs below the float spacing of a
 //! bucket's level, about 1e-15 of its burst, are not meaningful and not covered.)
 //! `tests/it/guard.rs` checks all of this against the store with random workloads.
 
@@ -50,28 +57,15 @@ use chrono::{DateTime, Utc};
 
 use crate::named::{self, Gcra};
 use crate::{
-    Decider, Decision, Fill, Grant, Key, Limit, LimiterName, NamedKey, NamedSpend, Refusal, Scope, Spend,
-    Take, Undecided, Which,
+    Decider, Decision, FailMode, Fill, Grant, Key, Limit, LimiterName, NamedKey, NamedSpend, Refusal, Scope,
+    Spend, Take, Undecided, Which,
 };
-
-/// How a scope decides when the store cannot answer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum FailMode {
-    /// The take is [`Undecided`]: callers answer 500. The reference's rule, and the default.
-    Closed,
-    /// An in-memory bucket of the same limit decides, per replica, until the store answers.
-    Local,
-}
 
 /// What a [`Guard`] is told at build time.
 #[derive(Clone, Debug)]
 pub struct GuardConfig {
     /// The longest a take waits for the store before it counts as not answered.
     pub decision_timeout: Duration,
-    /// Each scope's fail mode; a scope not named fails closed.
-    pub fail_modes: HashMap<Scope, FailMode>,
-    /// Each named limiter's fail mode; a limiter not named fails closed.
-    pub named_fail_modes: HashMap<LimiterName, FailMode>,
     /// The most buckets the pre-check and fallback remember; the least recently useful are
     /// forgotten first, which is always safe (a forgotten bucket is simply asked about).
     pub capacity: u64,
@@ -82,14 +76,6 @@ impl GuardConfig {
     pub const DEFAULT_DECISION_TIMEOUT: Duration = Duration::from_millis(250);
     /// A hundred thousand buckets, a few tens of megabytes at most.
     pub const DEFAULT_CAPACITY: u64 = 100_000;
-
-    fn fail_mode(&self, class: Class) -> FailMode {
-        let mode = match class {
-            Class::Scope(scope) => self.fail_modes.get(&scope),
-            Class::Limiter(name) => self.named_fail_modes.get(&name),
-        };
-        mode.copied().unwrap_or(FailMode::Closed)
-    }
 }
 
 /// Where a decision came from.
@@ -99,8 +85,12 @@ pub enum Source {
     Store,
     /// This replica's pre-check, without a statement.
     Precheck,
-    /// This replica's in-memory fallback, because the store could not answer.
+    /// This replica's in-memory fallback, because the store could not answer and the take
+    /// fails [`FailMode::Local`].
     Fallback,
+    /// Nothing: the store could not answer and the take fails [`FailMode::Open`], so it was
+    /// admitted without a decision and nothing was debited.
+    Open,
 }
 
 /// Told about every decision a [`Guard`] makes, for metrics and response headers.
@@ -232,7 +222,7 @@ pub struct Guard {
     observer: Arc<dyn Observer>,
     entries: quick_cache::sync::Cache<BucketId, Arc<Mutex<Entry>>>,
     circuit: Mutex<Circuit>,
-    warned: Mutex<HashMap<Class, Instant>>,
+    warned: Mutex<HashMap<(Class, FailMode), Instant>>,
 }
 
 impl fmt::Debug for Guard {
@@ -259,9 +249,13 @@ impl Guard {
         }
     }
 
-    /// Forgets what this replica knows of one bucket: after a reset, which adds tokens.
+    /// Forgets what this replica knows of one bucket: after a reset, which adds tokens, or
+    /// when its budget may have grown. The key of the scope's GCRA limiter
+    /// ([`LimiterName::of_scope`]) is forgotten too, whichever algorithm governs it now.
     pub fn forget(&self, scope: Scope, key: Key) {
         self.entries.remove(&BucketId::Budget(scope, key));
+        let limiter = LimiterName::of_scope(scope);
+        self.entries.remove(&BucketId::Named(limiter, NamedKey::of(limiter, &key.0)));
     }
 
     /// Forgets one key of a named limiter: after a reset.
@@ -269,9 +263,14 @@ impl Guard {
         self.entries.remove(&BucketId::Named(limiter, key));
     }
 
-    /// Forgets every bucket of a scope: after its limit grew.
+    /// Forgets every bucket of a scope, and every key of its GCRA limiter: after its limit
+    /// may have grown.
     pub fn forget_scope(&self, scope: Scope) {
-        self.entries.retain(|id, _| !matches!(id, BucketId::Budget(entry_scope, _) if *entry_scope == scope));
+        let limiter = LimiterName::of_scope(scope);
+        self.entries.retain(|id, _| match id {
+            BucketId::Budget(entry_scope, _) => *entry_scope != scope,
+            BucketId::Named(name, _) => *name != limiter,
+        });
     }
 
     /// Forgets a key of a limiter known only by its name's text (a reset notification).
@@ -315,6 +314,12 @@ impl Guard {
         })
     }
 
+    /// How many buckets this replica remembers (pre-check and fallback state), at most the
+    /// configured capacity.
+    pub fn remembered_buckets(&self) -> u64 {
+        self.entries.len() as u64
+    }
+
     /// Whether the store is treated as failing right now (its circuit is open).
     pub fn store_failing(&self) -> bool {
         matches!(*lock(&self.circuit), Circuit::Open { .. })
@@ -344,10 +349,13 @@ impl Guard {
         }
         reserve(&entries, now);
 
-        let local = entries
+        // A take spending two budgets fails by the stricter of their modes.
+        let fail_mode = entries
             .iter()
-            .all(|(_, spend, _)| self.config.fail_mode(Class::Scope(spend.scope)) == FailMode::Local);
-        let answer = self.ask_store(take, now, local).await;
+            .map(|(_, spend, _)| spend.enforcement.fail_mode)
+            .reduce(FailMode::stricter)
+            .unwrap_or(FailMode::Closed);
+        let answer = self.ask_store(take, now, fail_mode != FailMode::Closed).await;
         let undecided = match answer {
             Some(Ok(decision)) => {
                 learn(&entries, &decision, now);
@@ -361,15 +369,18 @@ impl Guard {
             None => Undecided::StoreFailing,
         };
         refund(&entries, now);
-        // A take decides locally only when every scope it spends allows it: one budget that
-        // fails closed fails the take closed.
         let classes: smallvec::SmallVec<[Class; 2]> =
             entries.iter().map(|(_, spend, _)| Class::Scope(spend.scope)).collect();
-        if classes.iter().all(|class| self.config.fail_mode(*class) == FailMode::Local) {
-            self.warn_fallback(&classes, &undecided);
-            Ok((fallback(&entries, now), Source::Fallback))
-        } else {
-            Err(undecided)
+        match fail_mode {
+            FailMode::Closed => Err(undecided),
+            FailMode::Local => {
+                self.warn_fallback(&classes, fail_mode, &undecided);
+                Ok((fallback(&entries, now), Source::Fallback))
+            }
+            FailMode::Open => {
+                self.warn_fallback(&classes, fail_mode, &undecided);
+                Ok((Decision::Granted(Grant::FREE), Source::Open))
+            }
         }
     }
 
@@ -417,8 +428,8 @@ impl Guard {
             let level = entry.local.level(rate, ceiling, now);
             entry.local.set((level + cost).min(ceiling), now);
         };
-        let local = self.config.fail_mode(Class::Limiter(spend.limiter)) == FailMode::Local;
-        let undecided = match self.ask_store(Take::Named(spend), now, local).await {
+        let fail_mode = spend.enforcement.fail_mode;
+        let undecided = match self.ask_store(Take::Named(spend), now, fail_mode != FailMode::Closed).await {
             Some(Ok(decision)) => {
                 let tat = match &decision {
                     Decision::Granted(grant) => grant.named.map(|(tat, _)| tat),
@@ -445,10 +456,14 @@ impl Guard {
         };
         refund(&entry);
         let class = Class::Limiter(spend.limiter);
-        if self.config.fail_mode(class) != FailMode::Local {
-            return Err(undecided);
+        match fail_mode {
+            FailMode::Closed => return Err(undecided),
+            FailMode::Open => {
+                self.warn_fallback(&[class], fail_mode, &undecided);
+                return Ok((Decision::Granted(Grant::FREE), Source::Open));
+            }
+            FailMode::Local => self.warn_fallback(&[class], fail_mode, &undecided),
         }
-        self.warn_fallback(&[class], &undecided);
         // The fallback is a token bucket of the same rate and burst: this replica's own
         // approximation of the shared GCRA while the store cannot answer.
         let mut entry = lock(&entry);
@@ -551,13 +566,21 @@ impl Guard {
         }
     }
 
-    fn warn_fallback(&self, classes: &[Class], undecided: &Undecided) {
+    /// Says, at most once a minute per scope (or limiter) and fail mode, that takes are being
+    /// decided without the store.
+    fn warn_fallback(&self, classes: &[Class], fail_mode: FailMode, undecided: &Undecided) {
         let now = Instant::now();
         let mut warned = lock(&self.warned);
         for class in classes {
-            let due = warned.get(class).is_none_or(|last| now.duration_since(*last) >= WARN_EVERY);
-            if due {
-                warned.insert(*class, now);
+            let due =
+                warned.get(&(*class, fail_mode)).is_none_or(|last| now.duration_since(*last) >= WARN_EVERY);
+            if !due {
+                continue;
+            }
+            warned.insert((*class, fail_mode), now);
+            if fail_mode == FailMode::Open {
+                tracing::warn!(scope = %class, cause = %undecided, "admitting without a decision (fail mode open): the shared store cannot answer (said at most once a minute)");
+            } else {
                 tracing::warn!(scope = %class, cause = %undecided, "deciding from this replica's fallback bucket: the shared store cannot answer (said at most once a minute)");
             }
         }

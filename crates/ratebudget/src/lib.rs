@@ -5,10 +5,13 @@
 //! is shared, a deployment admits the configured rate however many replicas serve it.
 //!
 //! The budget itself, rate and ceiling, is not stored: it travels with every take as a
-//! [`Limit`] (validated when it is built, so a take never checks it again). Replicas read
-//! their budgets from knobs at boot, so a stored copy would hold whichever replica last wrote
-//! it; passing it also lets one caller size a bucket from a Domain's own policy while another
-//! uses a process-wide default.
+//! [`Limit`] (validated when it is built, so a take never checks it again), inside the
+//! [`Policy`] the caller's [`Budgets`] gives for that take: the limit, the algorithm, whether
+//! a refusal refuses ([`Mode::Shadow`] only counts it) and what decides when the store cannot
+//! answer ([`FailMode`]). Policies change at run time (the composition root reads them from
+//! operators' rules), and each replica hears of a change at its own moment, so a stored copy
+//! would hold whichever replica last wrote it; asking on every take makes a change apply at
+//! the next one.
 //!
 //! A take answers a [`Decision`]: granted (with what is left), refused (which bucket, and how
 //! long until the refused cost could be covered), or a cost above the burst that no wait will
@@ -28,6 +31,7 @@ mod error;
 mod guard;
 mod model;
 mod named;
+mod policy;
 mod spender;
 mod store;
 
@@ -35,8 +39,9 @@ pub use batch::Coalescing;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decider, Decision, Grant, InsufficientCapacity, Refusal, Take, Which};
 pub use error::{Error, Undecided};
-pub use guard::{follow_resets, FailMode, Guard, GuardConfig, Observer, Source, Unobserved};
+pub use guard::{follow_resets, Guard, GuardConfig, Observer, Source, Unobserved};
 pub use model::{Budget, Fill, InvalidLimit, Key, Limit, Scope, Spend, IDLE_RETENTION};
 pub use named::{InvalidName, LimiterName, NamedKey, NamedSpend};
-pub use spender::{PairBudget, Spender};
+pub use policy::{Algorithm, BoxError, Budgets, Enforcement, FailMode, FixedBudgets, Mode, Policy, RuleRef};
+pub use spender::{PairBudget, SingleBudget, Spender};
 pub use store::{Bucket, IdleSweep, Store};

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::Error;
+use crate::{Enforcement, Error};
 
 /// Which budget a bucket belongs to.
 ///
@@ -44,6 +44,14 @@ impl Scope {
             Scope::AccessIssuanceDomain => "access_issuance_domain",
             Scope::IngestNode => "ingest_node",
             Scope::IngestDomain => "ingest_domain",
+        }
+    }
+
+    /// Whether the scope's buckets are keyed by a Domain (rather than by one of its Nodes).
+    pub fn is_per_domain(self) -> bool {
+        match self {
+            Scope::SecretReadDomain | Scope::AccessIssuanceDomain | Scope::IngestDomain => true,
+            Scope::SecretReadNode | Scope::IngestNode => false,
         }
     }
 }
@@ -272,7 +280,8 @@ pub struct Fill {
     pub refilled_at: DateTime<Utc>,
 }
 
-/// One bucket's part of a take: which bucket, what it costs and how that bucket refills.
+/// One bucket's part of a take: which bucket, what it costs, how that bucket refills, and how
+/// the take is enforced.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Spend {
     /// The budget spent.
@@ -283,9 +292,18 @@ pub struct Spend {
     pub cost: f64,
     /// How this bucket refills.
     pub limit: Limit,
+    /// Its mode and fail mode, and the rule they came from. The store ignores it: it decides
+    /// every take alike; the guard, the spender and the observer act on it.
+    pub enforcement: Enforcement,
 }
 
 impl Spend {
+    /// A spend enforced strictly (refusals refuse, the store failing fails the take), from
+    /// no rule.
+    pub fn new(scope: Scope, key: Key, cost: f64, limit: Limit) -> Spend {
+        Spend { scope, key, cost, limit, enforcement: Enforcement::STRICT }
+    }
+
     /// Rejects a spend that a query must never see: the zero key, a negative or NaN cost.
     pub(crate) fn validate(self) -> Result<Self, Error> {
         if self.key.0 == [0; 16] {

@@ -23,7 +23,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sha2::{Digest as _, Sha256};
 
-use crate::{Error, Limit};
+use crate::{Enforcement, Error, Limit, Scope};
 
 /// A named limiter's name: 1 to 63 characters of `a-z 0-9 _`, starting with a letter (the
 /// table's CHECK). The name is part of every key, so limiters never share keys.
@@ -55,6 +55,18 @@ impl LimiterName {
     /// The name as the table stores it.
     pub fn as_str(self) -> &'static str {
         self.0
+    }
+
+    /// The limiter a scope's takes go to when its policy's algorithm is GCRA: named as the
+    /// scope is, so its keys never mix with another limiter's.
+    pub fn of_scope(scope: Scope) -> LimiterName {
+        // Every scope's text is lowercase letters and underscores, a valid name.
+        LimiterName(scope.as_str())
+    }
+
+    /// The scope this limiter stands for, when it is one ([`LimiterName::of_scope`]).
+    pub fn scope(self) -> Option<Scope> {
+        self.0.parse().ok()
     }
 }
 
@@ -105,6 +117,8 @@ pub struct NamedSpend {
     pub cells: u32,
     /// The limit: cells a second, and the burst (rounded down to whole cells).
     pub limit: Limit,
+    /// Its mode and fail mode, and the rule they came from.
+    pub enforcement: Enforcement,
 }
 
 /// A limit in GCRA's terms, microseconds.
@@ -179,6 +193,16 @@ mod tests {
             assert!(LimiterName::new(bad).is_err(), "{bad}");
         }
         assert!(LimiterName::new(Box::leak("a".repeat(64).into_boxed_str())).is_err());
+    }
+
+    #[test]
+    fn a_scopes_limiter_is_named_as_the_scope_and_back() {
+        for scope in Scope::ALL {
+            let limiter = LimiterName::of_scope(scope);
+            assert_eq!(LimiterName::new(limiter.as_str()), Ok(limiter));
+            assert_eq!(limiter.scope(), Some(scope));
+        }
+        assert_eq!(LimiterName::new("auth_failure").unwrap().scope(), None);
     }
 
     #[test]

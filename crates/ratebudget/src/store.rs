@@ -103,7 +103,7 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<bool, Error> {
         let limit = Limit::try_from(budget)?;
-        let decision = self.decide(Take::Single(Spend { scope, key, cost, limit }), now).await?;
+        let decision = self.decide(Take::Single(Spend::new(scope, key, cost, limit)), now).await?;
         Ok(decision.is_granted())
     }
 
@@ -213,7 +213,9 @@ impl Store {
     pub const DELETE_IDLE_BATCH: u64 = 5_000;
 
     /// Forgets the bucket `(scope, key)`, so the next take on any replica mints it full, and
-    /// reports whether it existed: for operators unblocking a caller.
+    /// reports whether it existed: for operators unblocking a caller. The key of the scope's
+    /// GCRA limiter ([`LimiterName::of_scope`]) is forgotten with it, since a policy may decide
+    /// the scope with GCRA.
     ///
     /// In the same transaction it notifies every replica (`LISTEN`/`NOTIFY`, delivered at
     /// commit), whose guards forget what they knew of the bucket: a reset is the one thing
@@ -226,10 +228,12 @@ impl Store {
         if key.0 == [0; 16] {
             return Err(Error::ZeroKey);
         }
+        let limiter = LimiterName::of_scope(scope);
         let existed: bool = sqlx::query_scalar(RESET)
             .bind(scope.as_str())
             .bind(key.as_uuid())
             .bind(RESET_CHANNEL)
+            .bind(&NamedKey::of(limiter, &key.0).0[..])
             .fetch_one(&self.pool)
             .await?;
         Ok(existed)

@@ -3,7 +3,7 @@
 //!
 //! This is the only module of the context that names `sqlx` or `ratebudget`.
 
-use ratebudget::{Decision, Limit, PairBudget, Refusal, Scope, Spender, Which};
+use ratebudget::{Decision, Key, PairBudget, Refusal, Scope, Spender, Which};
 use sqlx::PgPool;
 
 use uuid::Uuid;
@@ -228,8 +228,9 @@ impl<R: SecretRepository> SecretRepository for CachedSecretRepository<R> {
 /// Domain's budget, starving the Domain's other Nodes. A refund after the fact could be
 /// skipped by a crash or a timeout between the two calls.
 ///
-/// `now` is read from the spender's clock on every call, so tests drive refills with a
-/// [`ratebudget::ManualClock`]. Every [`ratebudget::Error`] is [`ReadLimitError::Unavailable`],
+/// Both budgets are sized by the policies the spender's budgets give for the reader's Domain,
+/// asked on every read. `now` is read from the spender's clock on every call, so tests drive
+/// refills with a [`ratebudget::ManualClock`]. Every error is [`ReadLimitError::Unavailable`],
 /// validation errors included: they mean this adapter was handed a zero id, and must never
 /// read as a refusal. So is a read that no bucket could ever cover (a burst below one read),
 /// which is misconfiguration rather than a cap reached.
@@ -237,13 +238,10 @@ impl<R: SecretRepository> SecretRepository for CachedSecretRepository<R> {
 pub struct RateBudgetReadLimiter(PairBudget);
 
 impl RateBudgetReadLimiter {
-    /// A limiter spending through `spender`, sizing every Node's bucket by `node_limit` and
-    /// every Domain's by `domain_limit`.
-    pub fn new(spender: Spender, node_limit: Limit, domain_limit: Limit) -> RateBudgetReadLimiter {
+    /// A limiter spending through `spender`.
+    pub fn new(spender: Spender) -> RateBudgetReadLimiter {
         // The Node's budget goes first, so `Which::First` names the Node.
-        RateBudgetReadLimiter(
-            spender.pair((Scope::SecretReadNode, node_limit), (Scope::SecretReadDomain, domain_limit)),
-        )
+        RateBudgetReadLimiter(spender.pair(Scope::SecretReadNode, Scope::SecretReadDomain))
     }
 }
 
@@ -251,8 +249,8 @@ impl RateBudgetReadLimiter {
 impl Limiter for RateBudgetReadLimiter {
     #[tracing::instrument(level = "debug", skip_all, fields(node = %reader.node, domain = %reader.domain))]
     async fn spend_read(&self, reader: Reader) -> Result<(), ReadLimitError> {
-        let decision =
-            self.0.spend(reader.node.as_uuid().into(), reader.domain.as_uuid().into(), READ_COST).await;
+        let domain = Key::from(reader.domain.as_uuid());
+        let decision = self.0.spend(reader.node.as_uuid().into(), domain, domain, READ_COST).await;
         match decision.map_err(|error| ReadLimitError::Unavailable(error.into()))? {
             Decision::Granted(_) => Ok(()),
             Decision::Refused(Refusal { which: Which::First, retry_after, .. }) => {

@@ -1,5 +1,6 @@
 //! What several test modules share: clocks, keys and databases.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
@@ -9,6 +10,23 @@ use sqlx::{Connection, PgConnection, PgPool};
 /// A fixed instant for tests that drive the limiters' clock by hand.
 pub(crate) fn instant() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap()
+}
+
+/// A spender deciding through a store on `pool` at `clock`'s now, with these budgets, each
+/// enforced and failing closed, for every Domain: what a context's limiter adapter binds to.
+pub(crate) fn spender(
+    pool: &PgPool,
+    clock: &ratebudget::ManualClock,
+    budgets: impl IntoIterator<Item = (ratebudget::Scope, ratebudget::Limit)>,
+) -> ratebudget::Spender {
+    let budgets = ratebudget::FixedBudgets::new(
+        budgets.into_iter().map(|(scope, limit)| (scope, ratebudget::Policy::strict(limit))),
+    );
+    ratebudget::Spender::new(
+        Arc::new(ratebudget::Store::new(pool.clone())),
+        Arc::new(clock.clone()),
+        Arc::new(budgets),
+    )
 }
 
 /// A fresh random key; never the zero key.

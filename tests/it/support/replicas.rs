@@ -201,6 +201,21 @@ impl Api {
         self.request(method, path, Some(OPERATOR_TOKEN), body.map(|body| body.to_string().into_bytes())).await
     }
 
+    /// An operator request sending `If-Match: <if_match>` when one is given.
+    pub(crate) async fn operator_if_match(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+        if_match: Option<&str>,
+    ) -> Answer {
+        let mut request = self.client.request(method, format!("{}{path}", self.base));
+        if let Some(tag) = if_match {
+            request = request.header(reqwest::header::IF_MATCH, tag);
+        }
+        self.send(request, Some(OPERATOR_TOKEN), body.map(|body| body.to_string().into_bytes())).await
+    }
+
     pub(crate) async fn get(&self, path: &str, bearer: Option<&str>) -> Answer {
         self.request(Method::GET, path, bearer, None).await
     }

@@ -72,18 +72,14 @@ fn invalid_input_reads_as_field_then_reason() {
 }
 
 #[test]
-fn a_policy_needs_a_finite_positive_rate_and_a_burst_of_at_least_one() {
-    let policy = IssuancePolicy::new(0.5, 2.0).unwrap();
-    assert_eq!((policy.per_second(), policy.burst()), (0.5, 2.0));
-
-    let bad_rate = InvalidInput { field: "per_second", reason: "must be a finite number above zero" };
-    for per_second in [0.0, -1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
-        assert_eq!(IssuancePolicy::new(per_second, 5.0), Err(bad_rate), "per_second {per_second}");
+fn tiers_read_back_from_their_text_and_nothing_else_is_a_tier() {
+    for tier in Tier::ALL {
+        assert_eq!(Tier::parse(tier.as_str()), Ok(tier));
     }
-    let bad_burst = InvalidInput { field: "burst", reason: "must be a finite number of at least one" };
-    for burst in [0.0, 0.999, -1.0, f64::NAN, f64::INFINITY] {
-        assert_eq!(IssuancePolicy::new(1.0, burst), Err(bad_burst), "burst {burst}");
+    for bad in ["", "Premium", "gold", " free"] {
+        assert_eq!(Tier::parse(bad).unwrap_err().field, "tier", "{bad:?}");
     }
+    assert_eq!(Tier::DEFAULT.as_str(), "standard");
 }
 
 #[test]

@@ -3,10 +3,10 @@ use std::time::Duration;
 
 use super::*;
 use crate::ports::{MockAccessRepository, MockLimiter};
-use crate::{DomainName, IssuanceLimitError, IssuancePolicy, TokenHash};
+use crate::{DomainName, IssuanceLimitError, TokenHash};
 
-fn domain(issuance_policy: Option<IssuancePolicy>) -> Domain {
-    Domain { id: DomainId::random(), name: DomainName::parse("fleet").unwrap(), issuance_policy }
+fn domain() -> Domain {
+    Domain { id: DomainId::random(), name: DomainName::parse("fleet").unwrap(), tier: Tier::DEFAULT }
 }
 
 fn node_name() -> NodeName {
@@ -36,13 +36,13 @@ fn store_down() -> RepositoryError {
 
 #[tokio::test]
 async fn an_enrolment_the_limiter_refuses_is_rate_limited_with_its_retry_after_and_stores_no_node() {
-    let domain = domain(None);
+    let domain = domain();
     let repository = repository_with(&domain, 0);
     let mut limiter = MockLimiter::new();
     limiter
         .expect_spend_issuance()
         .times(1)
-        .returning(|_, _| Err(IssuanceLimitError::RateLimited { retry_after: Duration::from_millis(2500) }));
+        .returning(|_| Err(IssuanceLimitError::RateLimited { retry_after: Duration::from_millis(2500) }));
 
     let result = service(repository, limiter).enrol_node(domain.id, node_name()).await;
 
@@ -56,13 +56,13 @@ async fn an_enrolment_the_limiter_refuses_is_rate_limited_with_its_retry_after_a
 
 #[tokio::test]
 async fn a_limiter_that_cannot_answer_makes_enrolment_unavailable_not_refused() {
-    let domain = domain(None);
+    let domain = domain();
     let repository = repository_with(&domain, 0);
     let mut limiter = MockLimiter::new();
     limiter
         .expect_spend_issuance()
         .times(1)
-        .returning(|_, _| Err(IssuanceLimitError::Unavailable("pool timed out".into())));
+        .returning(|_| Err(IssuanceLimitError::Unavailable("pool timed out".into())));
 
     let result = service(repository, limiter).enrol_node(domain.id, node_name()).await;
 
@@ -102,39 +102,19 @@ async fn a_store_that_cannot_find_the_domain_makes_enrolment_unavailable_without
 }
 
 #[tokio::test]
-async fn the_limiter_is_asked_with_the_domains_own_policy() {
-    let policy = IssuancePolicy::new(0.25, 3.0).unwrap();
-    let domain = domain(Some(policy));
+async fn the_limiter_is_asked_for_the_domains_issuance() {
+    let domain = domain();
     let repository = repository_with(&domain, 1);
     let mut limiter = MockLimiter::new();
     let id = domain.id;
-    limiter
-        .expect_spend_issuance()
-        .withf(move |asked_for, asked_with| *asked_for == id && *asked_with == Some(policy))
-        .times(1)
-        .returning(|_, _| Ok(()));
-
-    service(repository, limiter).enrol_node(domain.id, node_name()).await.unwrap();
-}
-
-#[tokio::test]
-async fn the_limiter_is_asked_with_no_policy_when_the_domain_has_none() {
-    let domain = domain(None);
-    let repository = repository_with(&domain, 1);
-    let mut limiter = MockLimiter::new();
-    let id = domain.id;
-    limiter
-        .expect_spend_issuance()
-        .withf(move |asked_for, asked_with| *asked_for == id && asked_with.is_none())
-        .times(1)
-        .returning(|_, _| Ok(()));
+    limiter.expect_spend_issuance().withf(move |asked_for| *asked_for == id).times(1).returning(|_| Ok(()));
 
     service(repository, limiter).enrol_node(domain.id, node_name()).await.unwrap();
 }
 
 #[tokio::test]
 async fn an_enrolment_stores_the_node_with_the_hash_of_the_token_it_returns() {
-    let domain = domain(None);
+    let domain = domain();
     let mut repository = MockAccessRepository::new();
     let known = domain.clone();
     repository.expect_find_domain().times(1).returning(move |_| Ok(Some(known.clone())));
@@ -145,7 +125,7 @@ async fn an_enrolment_stores_the_node_with_the_hash_of_the_token_it_returns() {
         Ok(())
     });
     let mut limiter = MockLimiter::new();
-    limiter.expect_spend_issuance().times(1).returning(|_, _| Ok(()));
+    limiter.expect_spend_issuance().times(1).returning(|_| Ok(()));
 
     let enrolment = service(repository, limiter).enrol_node(domain.id, node_name()).await.unwrap();
 
@@ -159,13 +139,13 @@ async fn an_enrolment_stores_the_node_with_the_hash_of_the_token_it_returns() {
 
 #[tokio::test]
 async fn a_store_that_cannot_insert_the_node_makes_enrolment_unavailable() {
-    let domain = domain(None);
+    let domain = domain();
     let mut repository = MockAccessRepository::new();
     let known = domain.clone();
     repository.expect_find_domain().times(1).returning(move |_| Ok(Some(known.clone())));
     repository.expect_insert_node().times(1).returning(|_, _| Err(store_down()));
     let mut limiter = MockLimiter::new();
-    limiter.expect_spend_issuance().times(1).returning(|_, _| Ok(()));
+    limiter.expect_spend_issuance().times(1).returning(|_| Ok(()));
 
     let result = service(repository, limiter).enrol_node(domain.id, node_name()).await;
 
@@ -222,8 +202,7 @@ async fn authenticate_against_a_store_that_cannot_answer_is_unavailable() {
 }
 
 #[tokio::test]
-async fn create_domain_stores_the_domain_under_a_new_id_and_returns_it() {
-    let policy = IssuancePolicy::new(2.0, 10.0).unwrap();
+async fn create_domain_stores_the_domain_under_its_id_and_returns_it() {
     let stored: Arc<Mutex<Option<Domain>>> = Arc::default();
     let sink = stored.clone();
     let mut repository = MockAccessRepository::new();
@@ -233,11 +212,11 @@ async fn create_domain_stores_the_domain_under_a_new_id_and_returns_it() {
     });
     let service = service(repository, MockLimiter::new());
 
-    let new = NewDomain { name: DomainName::parse("fleet").unwrap(), issuance_policy: Some(policy) };
+    let id = DomainId::random();
+    let new = NewDomain { id, name: DomainName::parse("fleet").unwrap(), tier: Tier::Premium };
     let created = service.create_domain(new).await.unwrap();
 
-    assert_eq!(created.name.as_str(), "fleet");
-    assert_eq!(created.issuance_policy, Some(policy));
+    assert_eq!((created.id, created.name.as_str(), created.tier), (id, "fleet", Tier::Premium));
     assert_eq!(stored.lock().unwrap().as_ref(), Some(&created));
 }
 
@@ -246,7 +225,8 @@ async fn create_domain_against_a_store_that_cannot_answer_is_unavailable() {
     let mut repository = MockAccessRepository::new();
     repository.expect_insert_domain().times(1).returning(|_| Err(store_down()));
 
-    let new = NewDomain { name: DomainName::parse("fleet").unwrap(), issuance_policy: None };
+    let new =
+        NewDomain { id: DomainId::random(), name: DomainName::parse("fleet").unwrap(), tier: Tier::Free };
     let result = service(repository, MockLimiter::new()).create_domain(new).await;
 
     assert!(matches!(result, Err(CreateDomainError::Unavailable(_))), "{result:?}");

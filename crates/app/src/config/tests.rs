@@ -228,3 +228,14 @@ fn unusable_operator_tokens_are_refused_naming_the_knob_never_the_token() {
         assert!(!shown.contains("0123456789abcdef") && !shown.contains("short"), "{shown}");
     }
 }
+
+#[test]
+fn rule_knobs_are_bounded_and_fail_modes_may_be_open() {
+    let config = parse(&[(INGEST_NODE_FAIL_MODE, "open"), (RULES_POLL_INTERVAL_MS, "250")]).unwrap();
+    assert_eq!(config.fail_modes[&Scope::IngestNode], FailMode::Open);
+    assert_eq!(config.fail_modes[&Scope::IngestDomain], FailMode::Closed);
+    assert_eq!(config.rules_poll_interval, Duration::from_millis(250));
+    assert_eq!(config.rule_usage_flush_interval, Duration::from_secs(10));
+    rejects(&[(RULES_POLL_INTERVAL_MS, "99")], RULES_POLL_INTERVAL_MS);
+    rejects(&[(RULE_USAGE_FLUSH_INTERVAL_MS, "600001")], RULE_USAGE_FLUSH_INTERVAL_MS);
+}

@@ -58,6 +58,18 @@ fn bearer(parts: &Parts) -> Option<&str> {
 /// A request an operator made, and which operator; extracting it answers 401 for anyone else.
 pub(super) struct Operator(pub(super) audit::Actor);
 
+impl Operator {
+    /// Who this operator is, as a rule's history records it (`created_by`): the name its token
+    /// is configured under, the same name the audit log records.
+    ///
+    /// # Errors
+    /// A 500 if the name is not one a change can record (never: an operator's name is 1 to 64
+    /// printable ASCII characters, a subset of what a rule's history accepts).
+    pub(super) fn actor(&self) -> Result<rules::Actor, ApiError> {
+        rules::Actor::new(self.0.as_str()).map_err(ApiError::internal)
+    }
+}
+
 impl FromRequestParts<AppState> for Operator {
     type Rejection = ApiError;
 

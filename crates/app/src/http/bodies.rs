@@ -18,24 +18,36 @@ fn json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 #[serde(deny_unknown_fields)]
 struct CreateDomain {
     name: String,
+    tier: Option<String>,
     issuance_per_second: Option<f64>,
     issuance_burst: Option<f64>,
 }
 
+/// What `POST /v1/domains` asks for, validated.
+#[derive(Debug)]
+pub struct DomainRequest {
+    /// The Domain's name.
+    pub name: access::DomainName,
+    /// Its tier ([`access::Tier::DEFAULT`] unless given).
+    pub tier: access::Tier,
+    /// Its own issuance budget, a second's worth, which becomes its issuance override rule.
+    pub issuance: Option<ratebudget::Limit>,
+}
+
 impl CreateDomain {
-    fn try_into_domain(self) -> Result<access::NewDomain, ApiError> {
+    fn validate(self) -> Result<DomainRequest, ApiError> {
         let name = access::DomainName::parse(self.name)?;
-        let issuance_policy = match (self.issuance_per_second, self.issuance_burst) {
+        let tier = match self.tier {
+            Some(text) => access::Tier::parse(&text)?,
+            None => access::Tier::DEFAULT,
+        };
+        let issuance = match (self.issuance_per_second, self.issuance_burst) {
             (None, None) => None,
+            // The budget is a rule's, and a rule's table CHECKs the store's own comparisons
+            // (an hour to refill at most, arithmetic that stays finite), so one that passes
+            // here is stored.
             (Some(per_second), Some(burst)) => {
-                // The policy sizes a rate budget, so the store's rules apply as well as the
-                // access context's (an hour to refill at most, arithmetic that stays finite);
-                // the table's CHECK holds the same comparisons, so a policy that passes here
-                // is stored.
-                ratebudget::Limit::new(per_second, burst).map_err(|invalid| {
-                    ApiError::bad_request(format!("invalid issuance_{}: {}", invalid.field, invalid.reason))
-                })?;
-                Some(access::IssuancePolicy::new(per_second, burst).map_err(|invalid| {
+                Some(ratebudget::Limit::new(per_second, burst).map_err(|invalid| {
                     ApiError::bad_request(format!("invalid issuance_{}: {}", invalid.field, invalid.reason))
                 })?)
             }
@@ -45,17 +57,18 @@ impl CreateDomain {
                 ))
             }
         };
-        Ok(access::NewDomain { name, issuance_policy })
+        Ok(DomainRequest { name, tier, issuance })
     }
 }
 
-/// The body of `POST /v1/domains`: `{"name", "issuance_per_second"?, "issuance_burst"?}`.
+/// The body of `POST /v1/domains`: `{"name", "tier"?, "issuance_per_second"?,
+/// "issuance_burst"?}`.
 ///
 /// # Errors
-/// A 400 for malformed JSON, an unknown field, an invalid name, or a policy that is half given
-/// or that the access context or the rate-budget store refuses.
-pub fn new_domain(body: &[u8]) -> Result<access::NewDomain, ApiError> {
-    json::<CreateDomain>(body)?.try_into_domain()
+/// A 400 for malformed JSON, an unknown field, an invalid name or tier, or an issuance budget
+/// that is half given or that the rate-budget store refuses.
+pub fn new_domain(body: &[u8]) -> Result<DomainRequest, ApiError> {
+    json::<CreateDomain>(body)?.validate()
 }
 
 #[derive(Deserialize)]

@@ -48,6 +48,20 @@ pub enum ApiError {
         /// The limit, in bytes.
         limit: u64,
     },
+    /// 412: a change named a version (`If-Match`) the rule is not at.
+    PreconditionFailed {
+        /// What is wrong, for people.
+        message: String,
+        /// The rule's version now, sent as its `ETag` so the client can read it again.
+        current: Option<rules::Version>,
+    },
+    /// 428: a change to an existing rule named no version (`If-Match`).
+    PreconditionRequired {
+        /// What is wrong, for people.
+        message: String,
+        /// The rule's version now, sent as its `ETag`.
+        current: rules::Version,
+    },
     /// 429: a budget refused the request.
     RateLimited {
         /// Which budget refused, as a machine-readable code.
@@ -87,6 +101,8 @@ impl ApiError {
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::PreconditionFailed { .. } => StatusCode::PRECONDITION_FAILED,
+            ApiError::PreconditionRequired { .. } => StatusCode::PRECONDITION_REQUIRED,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::DatabaseTimeout { .. } | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -137,6 +153,8 @@ impl IntoResponse for ApiError {
             ApiError::PayloadTooLarge { code, limit } => {
                 (code, format!("the body is larger than the limit of {limit} bytes"))
             }
+            ApiError::PreconditionFailed { message, .. } => ("precondition_failed", message.clone()),
+            ApiError::PreconditionRequired { message, .. } => ("precondition_required", message.clone()),
             ApiError::RateLimited { code, message, .. } => (code, (*message).to_owned()),
             ApiError::DatabaseTimeout { during, after } => {
                 tracing::error!(
@@ -164,6 +182,14 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_seconds(retry_after)));
         }
+        let current = match self {
+            ApiError::PreconditionFailed { current, .. } => current,
+            ApiError::PreconditionRequired { current, .. } => Some(current),
+            _ => None,
+        };
+        if let Some(current) = current {
+            set_etag(&mut response, current);
+        }
         response
     }
 }
@@ -184,6 +210,14 @@ pub fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Respons
         .unwrap_or("a panic whose payload is not text");
     tracing::error!(panic = message, "request failed: the handler panicked");
     error_response(StatusCode::INTERNAL_SERVER_ERROR, "internal", "the service could not answer; try again")
+}
+
+/// Sets `ETag` to `version`'s entity tag.
+pub(super) fn set_etag(response: &mut Response, version: rules::Version) {
+    // A number in quotes is always a valid header value.
+    if let Ok(tag) = HeaderValue::from_str(&version.etag()) {
+        response.headers_mut().insert(header::ETAG, tag);
+    }
 }
 
 /// `Retry-After` in whole seconds, rounded up, and at least 1: a client told 0 would retry at
@@ -324,6 +358,63 @@ impl From<ratebudget::Error> for ApiError {
     fn from(error: ratebudget::Error) -> Self {
         ApiError::internal(error)
     }
+}
+
+impl From<rules::InvalidRule> for ApiError {
+    fn from(error: rules::InvalidRule) -> Self {
+        ApiError::bad_request(error)
+    }
+}
+
+impl From<rules::RepositoryError> for ApiError {
+    fn from(error: rules::RepositoryError) -> Self {
+        ApiError::internal(error)
+    }
+}
+
+impl From<rules::WriteError> for ApiError {
+    fn from(error: rules::WriteError) -> Self {
+        use rules::WriteError;
+        match error {
+            WriteError::PreconditionRequired { current } => ApiError::PreconditionRequired {
+                message: format!(
+                    "the rule exists at version {current}; to replace or delete it, send If-Match: {}",
+                    current.etag()
+                ),
+                current,
+            },
+            WriteError::PreconditionFailed { current: Some(current) } => ApiError::PreconditionFailed {
+                message: format!(
+                    "the rule is at version {current}, not the one If-Match named; read it again and retry"
+                ),
+                current: Some(current),
+            },
+            WriteError::PreconditionFailed { current: None } => ApiError::PreconditionFailed {
+                message: "the rule does not exist, so it is at no version If-Match can name".into(),
+                current: None,
+            },
+            WriteError::UnknownRule => unknown_rule(),
+            WriteError::UnknownVersion(version) => ApiError::NotFound {
+                code: "unknown_rule_version",
+                message: format!("the rule has no version {version}"),
+            },
+            deletion @ WriteError::DeletionVersion(_) => {
+                ApiError::bad_request(format!("invalid version: {deletion}"))
+            }
+            unavailable @ WriteError::Unavailable(_) => ApiError::internal(unavailable),
+        }
+    }
+}
+
+impl From<crate::budgets::NotLoaded> for ApiError {
+    fn from(error: crate::budgets::NotLoaded) -> Self {
+        ApiError::internal(error)
+    }
+}
+
+/// The 404 for a rule id that names no rule.
+pub(super) fn unknown_rule() -> ApiError {
+    ApiError::NotFound { code: "unknown_rule", message: "no such rule".into() }
 }
 
 /// The 404 for a Domain id that names no Domain.

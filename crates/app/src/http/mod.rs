@@ -11,6 +11,7 @@ mod node;
 mod operator;
 pub mod probes;
 pub mod rate_limit_headers;
+mod rule_routes;
 pub mod server;
 pub mod throttle;
 
@@ -24,7 +25,7 @@ use axum::http::request::Parts;
 use axum::http::HeaderName;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post, put};
+use axum::routing::{delete, get, patch, post, put};
 use axum::Router;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -33,6 +34,7 @@ use tower_http::trace::{DefaultOnResponse, TraceLayer};
 pub use auth::{CredentialCache, OperatorTokens};
 pub use error::{cause_chain, error_response, panic_response, retry_after_seconds, ApiError};
 
+use crate::budgets::RuleBudgets;
 use crate::clock::ClockStatus;
 use crate::metrics::Metrics;
 
@@ -79,6 +81,13 @@ pub struct AppState {
     pub request_timeout: Duration,
     /// Whether this replica's clock may be decided with; `/readyz` fails while it may not.
     pub clock: ClockStatus,
+    /// The clock decisions are made on (usage minutes are counted on it).
+    pub decision_clock: std::sync::Arc<dyn ratebudget::Clock>,
+    /// Rate-budget rules, their history and usage.
+    pub rules: rules::RulesService,
+    /// What every take is sized by on this replica: rules, tiers and knob defaults. A change
+    /// made through this replica reloads it before the response.
+    pub rule_budgets: std::sync::Arc<RuleBudgets>,
 }
 
 tokio::task_local! {
@@ -105,6 +114,33 @@ impl AppState {
         let outcome = tokio::time::timeout(left, call).await;
         let _ = DATABASE_TIME_LEFT.try_with(|time| time.set(left.saturating_sub(started.elapsed())));
         outcome.map_err(|_| ApiError::DatabaseTimeout { during, after: self.database_timeout })
+    }
+}
+
+impl AppState {
+    /// Reloads this replica's rules after a change made through it, so the change governs
+    /// its next decision here. A failure is logged, not answered: the change is made, and the
+    /// listener or the poll brings it in.
+    async fn reload_rules(&self) {
+        match self.bounded("reloading the rules", self.rule_budgets.reload_rules(&self.rules)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(error = %cause_chain(&error), "cannot reload the rules after a change; the listener will")
+            }
+            Err(_) => tracing::warn!("the rules did not reload in time after a change; the listener will"),
+        }
+    }
+
+    /// Reloads this replica's tier directory after a change made through it, as
+    /// [`AppState::reload_rules`] does the rules.
+    async fn reload_tiers(&self) {
+        match self.bounded("reloading the tiers", self.rule_budgets.reload_tiers(&self.access)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(error = %cause_chain(&error), "cannot reload the tiers after a change; the listener will")
+            }
+            Err(_) => tracing::warn!("the tiers did not reload in time after a change; the listener will"),
+        }
     }
 }
 
@@ -139,12 +175,22 @@ pub fn router(state: AppState) -> Router {
     let max_batch = state.ingest_max_batch_bytes;
     Router::new()
         .route("/v1/domains", post(operator::create_domain))
+        .route("/v1/domains/{domain_id}", patch(operator::patch_domain))
+        .route("/v1/domains/{domain_id}/limits", get(operator::domain_limits))
         .route("/v1/domains/{domain_id}/nodes", post(operator::enrol_node))
         .route("/v1/domains/{domain_id}/nodes/{node_id}", delete(operator::revoke_node))
         .route("/v1/domains/{domain_id}/secrets/{name}", put(operator::put_secret))
         .route("/v1/budgets/{key}", get(operator::show_budgets))
         .route("/v1/budgets/{scope}/{key}", delete(operator::reset_budget))
         .route("/v1/audit", get(operator::read_audit))
+        .route("/v1/rules", get(rule_routes::list_rules))
+        .route(
+            "/v1/rules/{rule_id}",
+            put(rule_routes::put_rule).get(rule_routes::get_rule).delete(rule_routes::delete_rule),
+        )
+        .route("/v1/rules/{rule_id}/history", get(rule_routes::rule_history))
+        .route("/v1/rules/{rule_id}/rollback", post(rule_routes::rollback_rule))
+        .route("/v1/rules/{rule_id}/usage", get(rule_routes::rule_usage))
         .layer(DefaultBodyLimit::max(OPERATOR_BODY_LIMIT))
         .route("/v1/secrets/{name}", get(node::read_secret))
         .route("/v1/ingest", post(node::ingest).layer(DefaultBodyLimit::max(max_batch)))

@@ -1,6 +1,7 @@
-//! Operator routes: Domains, Node enrolment and revocation, secret writes, reading a budget
-//! and the audit log. Every action that changes something is recorded in the audit log, in
-//! the acting operator's name, once it succeeded.
+//! Operator routes: Domains (with their tiers and the limits that govern them), Node
+//! enrolment and revocation, secret writes, reading a budget and the audit log. Every action
+//! that changes something is recorded in the audit log, in the acting operator's name, once it
+//! succeeded.
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -12,13 +13,18 @@ use serde::Serialize;
 
 use super::auth::Operator;
 use super::error::unknown_domain;
+use super::rule_routes::Fields;
 use super::{bodies, parse_uuid, read_body, ApiError, AppState, PathParams, NO_STORE, OPERATOR_BODY_LIMIT};
+use crate::budgets::rule_fail_mode;
 
 #[derive(Serialize)]
-struct DomainBody {
+pub(super) struct DomainBody {
     id: uuid::Uuid,
     name: String,
+    tier: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
     issuance_per_second: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     issuance_burst: Option<f64>,
 }
 
@@ -37,23 +43,200 @@ async fn record(
     Ok(())
 }
 
-/// `POST /v1/domains`
+fn domain_body(domain: &access::Domain) -> DomainBody {
+    DomainBody {
+        id: domain.id.as_uuid(),
+        name: domain.name.as_str().to_owned(),
+        tier: domain.tier.as_str(),
+        issuance_per_second: None,
+        issuance_burst: None,
+    }
+}
+
+/// A Domain's tier from its text, a 400 naming `tier` otherwise.
+fn tier(text: &str) -> Result<access::Tier, ApiError> {
+    Ok(access::Tier::parse(text)?)
+}
+
+/// `POST /v1/domains` `{"name", "tier"?, "issuance_per_second"?, "issuance_burst"?}`.
+///
+/// A Domain's own issuance policy is its issuance override rule
+/// (`domain-<id>-issuance`), written first, under the Domain's id-to-be: if the Domain is then
+/// not stored, the rule governs no Domain, whereas a Domain stored without its rule would be
+/// governed by the default. Every field is checked before either is written.
 pub(super) async fn create_domain(
-    Operator(actor): Operator,
+    operator: Operator,
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let new_domain = bodies::new_domain(&read_body(body, OPERATOR_BODY_LIMIT)?)?;
+    let request = bodies::new_domain(&read_body(body, OPERATOR_BODY_LIMIT)?)?;
+    let id = access::DomainId::random();
+    let issuance = request
+        .issuance
+        .map(|limit| issuance_override(&state, id, limit.per_second(), limit.burst()))
+        .transpose()?;
+
+    if let Some(spec) = &issuance {
+        let rule_id = rules::RuleId::issuance_override(id.as_uuid());
+        let actor = operator.actor()?;
+        state
+            .bounded("writing an issuance override", state.rules.put(&rule_id, spec, None, &actor))
+            .await??;
+    }
+    let new_domain = access::NewDomain { id, name: request.name, tier: request.tier };
     let domain = state.bounded("creating a domain", state.access.create_domain(new_domain)).await??;
+    if issuance.is_some() {
+        state.reload_rules().await;
+    }
+    if domain.tier != access::Tier::DEFAULT {
+        state.reload_tiers().await;
+    }
     let subject = audit::Subject { domain_id: Some(domain.id.as_uuid()), ..audit::Subject::default() };
-    record(&state, actor, audit::Action::CreateDomain, subject).await?;
+    record(&state, operator.0, audit::Action::CreateDomain, subject).await?;
     let body = DomainBody {
-        id: domain.id.as_uuid(),
-        name: domain.name.as_str().to_owned(),
-        issuance_per_second: domain.issuance_policy.map(|policy| policy.per_second()),
-        issuance_burst: domain.issuance_policy.map(|policy| policy.burst()),
+        issuance_per_second: issuance.map(|spec| spec.limit().per_second()),
+        issuance_burst: issuance.map(|spec| spec.burst()),
+        ..domain_body(&domain)
     };
     Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// The override rule a Domain's own issuance policy stands for: its issuances a second, over
+/// a second, failing as the issuance scope's knob says. Its fields are named as the request
+/// names them.
+fn issuance_override(
+    state: &AppState,
+    domain: access::DomainId,
+    per_second: f64,
+    burst: f64,
+) -> Result<rules::RuleSpec, ApiError> {
+    let default = state.rule_budgets.default_policy(ratebudget::Scope::AccessIssuanceDomain);
+    let draft = rules::RuleDraft {
+        scope: ratebudget::Scope::AccessIssuanceDomain.as_str().to_owned(),
+        selector: rules::Selector::Domain(domain.as_uuid()),
+        rate: per_second,
+        per_ms: Some(1000),
+        burst,
+        algorithm: None,
+        mode: None,
+        fail_mode: Some(rule_fail_mode(default.enforcement.fail_mode).as_str().to_owned()),
+        priority: None,
+    };
+    draft.validate().map_err(|invalid| {
+        let field = if invalid.field == "rate" { "issuance_per_second" } else { "issuance_burst" };
+        ApiError::bad_request(format!("invalid {field}: {}", invalid.reason))
+    })
+}
+
+/// `PATCH /v1/domains/{domain_id}` `{"tier"}`: moves the Domain to another tier, whose
+/// templates govern it from then on (on every replica within a second).
+pub(super) async fn patch_domain(
+    Operator(actor): Operator,
+    State(state): State<AppState>,
+    PathParams(domain_id): PathParams<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<DomainBody>, ApiError> {
+    let domain_id = parse_uuid(&domain_id, "domain_id")?;
+    let mut fields = Fields::parse(body)?;
+    let tier = tier(&fields.string("tier")?.ok_or_else(|| ApiError::bad_request("invalid tier: required"))?)?;
+    fields.finish()?;
+    let domain = state
+        .bounded("setting a domain's tier", state.access.set_tier(domain_id.into(), tier))
+        .await??
+        .ok_or_else(|| unknown_domain(domain_id))?;
+    tracing::info!(domain = %domain.id, %tier, "operator set a domain's tier");
+    state.reload_tiers().await;
+    let subject = audit::Subject { domain_id: Some(domain_id), ..audit::Subject::default() };
+    record(&state, actor, audit::Action::RetierDomain, subject).await?;
+    Ok(Json(domain_body(&domain)))
+}
+
+#[derive(Serialize)]
+pub(super) struct LimitsBody {
+    domain_id: uuid::Uuid,
+    tier: &'static str,
+    rules_revision: i64,
+    limits: Vec<LimitBody>,
+}
+
+#[derive(Serialize)]
+struct LimitBody {
+    scope: &'static str,
+    per_second: f64,
+    burst: f64,
+    algorithm: &'static str,
+    mode: &'static str,
+    fail_mode: &'static str,
+    governed_by: GovernedBy,
+    outranked: Vec<RuleRank>,
+}
+
+#[derive(Serialize)]
+struct GovernedBy {
+    level: &'static str,
+    #[serde(flatten)]
+    rule: Option<RuleRank>,
+}
+
+#[derive(Serialize)]
+struct RuleRank {
+    rule_id: String,
+    level: &'static str,
+    priority: i32,
+    version: i64,
+}
+
+fn rank(level: rules::Level, rule: &rules::Rule) -> RuleRank {
+    RuleRank {
+        rule_id: rule.id.to_string(),
+        level: level.as_str(),
+        priority: rule.spec.priority(),
+        version: rule.version.get(),
+    }
+}
+
+/// `GET /v1/domains/{domain_id}/limits`: what governs each scope for the Domain on this
+/// replica now, and why: the level and rule that won (or the knob default), and the rules it
+/// outranked.
+pub(super) async fn domain_limits(
+    _: Operator,
+    State(state): State<AppState>,
+    PathParams(domain_id): PathParams<String>,
+) -> Result<Json<LimitsBody>, ApiError> {
+    let domain_id = parse_uuid(&domain_id, "domain_id")?;
+    let domain = state
+        .bounded("looking up a domain", state.access.find_domain(domain_id.into()))
+        .await??
+        .ok_or_else(|| unknown_domain(domain_id))?;
+    let (rules_revision, explained) = state.rule_budgets.explain(domain_id, domain.tier)?;
+    let limits = explained
+        .into_iter()
+        .map(|explained| {
+            let enforcement = explained.policy.enforcement;
+            LimitBody {
+                scope: explained.scope.as_str(),
+                per_second: explained.policy.limit.per_second(),
+                burst: explained.policy.limit.burst(),
+                algorithm: match explained.policy.algorithm {
+                    ratebudget::Algorithm::TokenBucket => rules::Algorithm::TokenBucket.as_str(),
+                    ratebudget::Algorithm::Gcra => rules::Algorithm::Gcra.as_str(),
+                },
+                mode: match enforcement.mode {
+                    ratebudget::Mode::Enforce => rules::Mode::Enforce.as_str(),
+                    ratebudget::Mode::Shadow => rules::Mode::Shadow.as_str(),
+                },
+                fail_mode: rule_fail_mode(enforcement.fail_mode).as_str(),
+                governed_by: match &explained.governed_by {
+                    Some((level, rule)) => {
+                        GovernedBy { level: level.as_str(), rule: Some(rank(*level, rule)) }
+                    }
+                    None => GovernedBy { level: "knob_default", rule: None },
+                },
+                outranked: explained.outranked.iter().map(|(level, rule)| rank(*level, rule)).collect(),
+            }
+        })
+        .collect();
+    Ok(Json(LimitsBody { domain_id, tier: domain.tier.as_str(), rules_revision, limits }))
 }
 
 #[derive(Serialize)]

@@ -64,12 +64,17 @@ impl Readiness {
 }
 
 /// `GET /readyz`: 200 only when the database answers in time (as of a probe at most a second
-/// old) and this replica's clock is within its bound of the database's (it does not decide
-/// otherwise), so a load balancer sends traffic elsewhere while either fails.
+/// old), this replica's clock is within its bound of the database's, and its rules and tiers
+/// are loaded (it does not decide otherwise), so a load balancer sends traffic elsewhere while
+/// any of them fails.
 pub(super) async fn readyz(State(state): State<AppState>) -> Response {
     if let Err(untrusted) = state.clock.check() {
         tracing::warn!(cause = %untrusted, "not ready: the clock cannot be trusted");
         return error_response(StatusCode::SERVICE_UNAVAILABLE, "not_ready", "the clock cannot be trusted");
+    }
+    if !state.rule_budgets.loaded() {
+        tracing::warn!("not ready: the rate-budget rules and Domain tiers are not loaded yet");
+        return error_response(StatusCode::SERVICE_UNAVAILABLE, "not_ready", "the rules are not loaded yet");
     }
     match state.readiness.check().await {
         Ok(()) => Json(json!({ "status": "ready" })).into_response(),

@@ -24,7 +24,7 @@ use axum::http::{HeaderName, HeaderValue};
 use axum::middleware::Next;
 use axum::response::Response;
 use chrono::{DateTime, Utc};
-use ratebudget::{Decision, Fill, Limit, Scope, Take, Which};
+use ratebudget::{Decision, Fill, Limit, NamedSpend, Scope, Take, Which};
 
 /// One bucket as a decision left it, in the fields' units.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,8 +50,11 @@ const RATE_LIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// What `decision` (of `take`, at `now`) says about the bucket that binds, if anything.
 pub fn binding(take: &Take, decision: &Decision, now: DateTime<Utc>) -> Option<Reading> {
+    if let Take::Named(spend) = take {
+        return named(spend, decision, now);
+    }
     let reading = |which: Which, fill: Option<Fill>| {
-        let spend = take.spend(which)?;
+        let spend = take.spend(which).filter(|spend| !spend.enforcement.is_shadow())?;
         Some(read(spend.scope, spend.limit, fill, now))
     };
     match decision {
@@ -63,6 +66,31 @@ pub fn binding(take: &Take, decision: &Decision, now: DateTime<Utc>) -> Option<R
         Decision::Refused(refusal) => reading(refusal.which, refusal.judged),
         Decision::InsufficientCapacity(_) => None,
     }
+}
+
+/// A GCRA budget standing for a scope, in the same fields: its cells are the tokens, and it
+/// is full again at its theoretical arrival time.
+fn named(spend: &NamedSpend, decision: &Decision, now: DateTime<Utc>) -> Option<Reading> {
+    let scope = spend.limiter.scope().filter(|_| !spend.enforcement.is_shadow())?;
+    let whole_seconds_until = |at: Option<DateTime<Utc>>, otherwise: f64| {
+        at.map_or(otherwise, |at| (at - now).num_microseconds().unwrap_or(0).max(0) as f64 / 1e6).ceil()
+            as u64
+    };
+    let window = spend.limit.refill_time().as_secs_f64().ceil();
+    let (remaining, reset) = match decision {
+        Decision::Granted(grant) => {
+            (u64::from(grant.cells_left()?), whole_seconds_until(grant.tat(), window))
+        }
+        Decision::Refused(refusal) => (0, whole_seconds_until(refusal.tat, window)),
+        Decision::InsufficientCapacity(_) => return None,
+    };
+    Some(Reading {
+        scope,
+        quota: spend.limit.burst().floor() as u64,
+        window: window as u64,
+        remaining,
+        reset,
+    })
 }
 
 /// A bucket's reading; a bucket whose level is unknown (below the cost, refused under the
@@ -120,7 +148,7 @@ mod tests {
     }
 
     fn spend(scope: Scope, per_second: f64, burst: f64) -> Spend {
-        Spend { scope, key: Key([1; 16]), cost: 1.0, limit: Limit::new(per_second, burst).unwrap() }
+        Spend::new(scope, Key([1; 16]), 1.0, Limit::new(per_second, burst).unwrap())
     }
 
     #[test]

@@ -125,7 +125,19 @@ impl AuthThrottle {
 
     fn spend(&self, client: &ClientAddress) -> NamedSpend {
         let limiter = limiter();
-        NamedSpend { limiter, key: NamedKey::of(limiter, client.0.as_bytes()), cells: 1, limit: self.limit }
+        NamedSpend {
+            limiter,
+            key: NamedKey::of(limiter, client.0.as_bytes()),
+            cells: 1,
+            limit: self.limit,
+            // Failed authentications keep being throttled per replica while the store cannot
+            // answer: the alternative is an unthrottled guesser, or a 500 for a client whose
+            // credentials were simply wrong.
+            enforcement: ratebudget::Enforcement {
+                fail_mode: ratebudget::FailMode::Local,
+                ..ratebudget::Enforcement::STRICT
+            },
+        }
     }
 
     fn log_refused(&self, client: &ClientAddress) {

@@ -1,0 +1,545 @@
+//! The budgets every take is sized by: the operators' rules where one governs, the knobs where
+//! none does, each Domain in its tier; kept current on every replica.
+//!
+//! [`RuleBudgets`] is the [`ratebudget::Budgets`] the limiters ask on every take. It holds two
+//! things loaded from the database, each with the revision it was read at:
+//! - the rules, compiled into a [`rules::Snapshot`] (and, beside each rule, the
+//!   [`ratebudget::Policy`] a take carries);
+//! - the tier directory: every Domain whose tier is not the default (the access context owns
+//!   tiers; the rules only select by them).
+//!
+//! [`follow`] keeps both current: it listens for the notification every change sends at
+//! commit, so a rule written through any replica governs this one's decisions within
+//! milliseconds, and it compares the two revisions with the database every
+//! `PLEXSPHERE_RULES_POLL_INTERVAL_MS`, the backstop for a notification missed on a
+//! connection that died silently. When the listener (re)connects it reads both again, since
+//! whatever changed while nobody listened is unknown. Every load replaces the whole snapshot
+//! (rules are operator-written: thousands, not millions), and a snapshot older than the one
+//! held is never installed, so concurrent loads cannot go back in time.
+//!
+//! A change that may let a budget grow makes the guard forget what its pre-check knew of the
+//! buckets the change governs ([`ratebudget::Guard::forget_scope`]): what it learned under the
+//! old budget would otherwise refuse, for a moment, what the new one admits.
+//!
+//! Until both have been loaded once, no take is decided (a 500, never a refusal) and the
+//! replica is not ready: deciding on the knobs alone would admit what a rule forbids.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use ratebudget::{BoxError, Enforcement, Guard, Key, Policy, RuleRef, Scope};
+use rules::{Level, Rule, Selector, Snapshot};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::config::{Config, Limits};
+use crate::http::cause_chain;
+use crate::metrics::LimitsReading;
+
+/// A Domain's tier as the rules select by it: the same four, by the same text.
+pub fn rules_tier(tier: access::Tier) -> rules::Tier {
+    match tier {
+        access::Tier::Free => rules::Tier::Free,
+        access::Tier::Standard => rules::Tier::Standard,
+        access::Tier::Premium => rules::Tier::Premium,
+        access::Tier::Enterprise => rules::Tier::Enterprise,
+    }
+}
+
+/// A rule's fail mode as the guard applies it.
+fn fail_mode(mode: rules::FailMode) -> ratebudget::FailMode {
+    match mode {
+        rules::FailMode::Closed => ratebudget::FailMode::Closed,
+        rules::FailMode::Open => ratebudget::FailMode::Open,
+        rules::FailMode::Static => ratebudget::FailMode::Local,
+    }
+}
+
+/// A guard's fail mode in the rules' words, for showing a default beside the rules.
+pub fn rule_fail_mode(mode: ratebudget::FailMode) -> rules::FailMode {
+    match mode {
+        ratebudget::FailMode::Closed => rules::FailMode::Closed,
+        ratebudget::FailMode::Open => rules::FailMode::Open,
+        ratebudget::FailMode::Local => rules::FailMode::Static,
+    }
+}
+
+/// The policy a take carries under `rule`, whose usage counts under `reference`.
+fn policy_of(rule: &Rule, reference: RuleRef) -> Policy {
+    let spec = &rule.spec;
+    Policy {
+        limit: spec.limit(),
+        algorithm: match spec.algorithm() {
+            rules::Algorithm::TokenBucket => ratebudget::Algorithm::TokenBucket,
+            rules::Algorithm::Gcra => ratebudget::Algorithm::Gcra,
+        },
+        enforcement: Enforcement {
+            mode: match spec.mode() {
+                rules::Mode::Enforce => ratebudget::Mode::Enforce,
+                rules::Mode::Shadow => ratebudget::Mode::Shadow,
+            },
+            fail_mode: fail_mode(spec.fail_mode()),
+            rule: Some(reference),
+        },
+    }
+}
+
+/// The small numbers takes carry for rules ([`RuleRef`]) and the rule ids they stand for.
+///
+/// A rule keeps its number for the life of the process, across snapshots, so a count made
+/// under one snapshot is still the same rule's when it is flushed under the next. The table
+/// grows by one id per rule ever loaded: rules are operator-written, thousands at most.
+#[derive(Clone, Debug, Default)]
+pub struct RuleRefs(Arc<RwLock<Interned>>);
+
+#[derive(Debug, Default)]
+struct Interned {
+    ids: Vec<rules::RuleId>,
+    numbers: HashMap<rules::RuleId, u32>,
+}
+
+impl RuleRefs {
+    /// The number of `id`, given it the first time it is seen.
+    pub fn intern(&self, id: &rules::RuleId) -> RuleRef {
+        if let Some(number) = read(&self.0).numbers.get(id) {
+            return RuleRef(*number);
+        }
+        let mut interned = write(&self.0);
+        if let Some(number) = interned.numbers.get(id) {
+            return RuleRef(*number);
+        }
+        let number = u32::try_from(interned.ids.len()).unwrap_or(u32::MAX);
+        interned.ids.push(id.clone());
+        interned.numbers.insert(id.clone(), number);
+        RuleRef(number)
+    }
+
+    /// The id `reference` stands for.
+    pub fn id(&self, reference: RuleRef) -> Option<rules::RuleId> {
+        read(&self.0).ids.get(reference.0 as usize).cloned()
+    }
+}
+
+/// The rules compiled, with the policy each one gives a take, index for index.
+#[derive(Debug)]
+struct CompiledRules {
+    snapshot: Snapshot,
+    policies: Vec<Policy>,
+}
+
+/// The tier directory: every Domain off the default tier.
+#[derive(Debug)]
+struct Tiers {
+    revision: i64,
+    of: HashMap<Uuid, rules::Tier>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    rules: Option<Arc<CompiledRules>>,
+    tiers: Option<Arc<Tiers>>,
+    /// When the rules were last known current.
+    confirmed_at: Option<Instant>,
+}
+
+/// Rules and tiers are not loaded yet: nothing may be decided.
+#[derive(Debug, thiserror::Error)]
+#[error("this replica has not loaded the rate-budget rules and Domain tiers yet")]
+pub struct NotLoaded;
+
+/// What governs one scope for one Domain, and why.
+#[derive(Clone, Debug)]
+pub struct Explained {
+    /// The scope.
+    pub scope: Scope,
+    /// The policy its takes carry.
+    pub policy: Policy,
+    /// The rule that governs, and its level; `None`: the knobs.
+    pub governed_by: Option<(Level, Rule)>,
+    /// Rules that select the Domain for this scope too, and lost, in precedence order.
+    pub outranked: Vec<(Level, Rule)>,
+}
+
+/// The policies of every take, from the rules, the tiers and the knob defaults.
+#[derive(Debug)]
+pub struct RuleBudgets {
+    limits: Limits,
+    fail_modes: HashMap<Scope, ratebudget::FailMode>,
+    state: RwLock<State>,
+    guard: Arc<Guard>,
+    refs: RuleRefs,
+}
+
+/// The tier of Domains the directory does not name.
+fn default_tier() -> rules::Tier {
+    rules_tier(access::Tier::DEFAULT)
+}
+
+impl RuleBudgets {
+    /// Budgets defaulting to `config`'s knobs, forgetting what `guard` learned when a budget
+    /// may grow, numbering rules with `refs`. Nothing is decided until [`RuleBudgets::reload`]
+    /// (or [`follow`]) has loaded the rules and tiers once.
+    pub fn new(config: &Config, guard: Arc<Guard>, refs: RuleRefs) -> RuleBudgets {
+        RuleBudgets {
+            limits: config.limits,
+            fail_modes: config.fail_modes.clone(),
+            state: RwLock::default(),
+            guard,
+            refs,
+        }
+    }
+
+    /// The policy of `scope` where no rule governs: its knobs, enforced.
+    pub fn default_policy(&self, scope: Scope) -> Policy {
+        let fail_mode = self.fail_modes.get(&scope).copied().unwrap_or(ratebudget::FailMode::Closed);
+        let enforcement = Enforcement { fail_mode, ..Enforcement::STRICT };
+        Policy { enforcement, ..Policy::strict(self.limits.of(scope)) }
+    }
+
+    /// Whether the rules and tiers have been loaded: the replica decides only then.
+    pub fn loaded(&self) -> bool {
+        let state = read(&self.state);
+        state.rules.is_some() && state.tiers.is_some()
+    }
+
+    /// What `/metrics` shows of the snapshot, the directory and the guard.
+    pub fn reading(&self) -> LimitsReading {
+        let state = read(&self.state);
+        LimitsReading {
+            snapshot_version: state.rules.as_ref().map_or(-1, |rules| rules.snapshot.revision()),
+            snapshot_age_seconds: state.confirmed_at.map_or(0.0, |at| at.elapsed().as_secs_f64()),
+            tiers_version: state.tiers.as_ref().map_or(-1, |tiers| tiers.revision),
+            precheck_buckets: self.guard.remembered_buckets(),
+        }
+    }
+
+    /// What governs each scope for `domain`, in `tier`, on this replica now, and why; with the
+    /// snapshot's revision.
+    ///
+    /// # Errors
+    /// [`NotLoaded`] before the rules were loaded.
+    pub fn explain(&self, domain: Uuid, tier: access::Tier) -> Result<(i64, Vec<Explained>), NotLoaded> {
+        let rules = read(&self.state).rules.clone().ok_or(NotLoaded)?;
+        let tier = rules_tier(tier);
+        let explained = Scope::ALL
+            .into_iter()
+            .map(|scope| {
+                let mut candidates = rules.snapshot.candidates(scope, domain, tier);
+                let winner = candidates.next();
+                Explained {
+                    scope,
+                    policy: winner
+                        .map_or_else(|| self.default_policy(scope), |won| rules.policies[won.index]),
+                    governed_by: winner.map(|won| (won.level, won.rule.clone())),
+                    outranked: candidates.map(|lost| (lost.level, lost.rule.clone())).collect(),
+                }
+            })
+            .collect();
+        Ok((rules.snapshot.revision(), explained))
+    }
+
+    /// Reads the rules again and installs them (unless a newer snapshot is held already).
+    ///
+    /// # Errors
+    /// When the rules could not be read; the snapshot held stays.
+    pub async fn reload_rules(&self, rules: &rules::RulesService) -> Result<(), rules::RepositoryError> {
+        let snapshot = rules.snapshot().await?;
+        self.install_rules(snapshot);
+        Ok(())
+    }
+
+    /// Reads the tier directory again and installs it (unless a newer one is held already).
+    ///
+    /// # Errors
+    /// When the tiers could not be read; the directory held stays.
+    pub async fn reload_tiers(&self, access: &access::AccessService) -> Result<(), access::RepositoryError> {
+        let directory = access.tiers().await?;
+        let of =
+            directory.tiers.into_iter().map(|(domain, tier)| (domain.as_uuid(), rules_tier(tier))).collect();
+        self.install_tiers(Tiers { revision: directory.revision, of });
+        Ok(())
+    }
+
+    /// Reads both again: at start, and whenever changes may have been missed.
+    ///
+    /// # Errors
+    /// The first that could not be read, as a cause for the log.
+    pub async fn reload(&self, sources: &Sources) -> Result<(), BoxError> {
+        self.reload_rules(&sources.rules).await?;
+        self.reload_tiers(&sources.access).await?;
+        Ok(())
+    }
+
+    /// Compares the revisions held with the database's, and reloads whichever moved on: the
+    /// backstop for a missed notification.
+    ///
+    /// # Errors
+    /// The first revision or load that could not be read, as a cause for the log.
+    pub async fn check(&self, sources: &Sources) -> Result<(), BoxError> {
+        let revision = sources.rules.revision().await?;
+        let held = read(&self.state).rules.as_ref().map(|rules| rules.snapshot.revision());
+        if held == Some(revision) {
+            write(&self.state).confirmed_at = Some(Instant::now());
+        } else {
+            self.reload_rules(&sources.rules).await?;
+        }
+        let revision = sources.access.tier_revision().await?;
+        let held = read(&self.state).tiers.as_ref().map(|tiers| tiers.revision);
+        if held != Some(revision) {
+            self.reload_tiers(&sources.access).await?;
+        }
+        Ok(())
+    }
+
+    fn install_rules(&self, snapshot: Snapshot) {
+        let policies =
+            snapshot.rules().iter().map(|rule| policy_of(rule, self.refs.intern(&rule.id))).collect();
+        let compiled = Arc::new(CompiledRules { snapshot, policies });
+        let replaced = {
+            let mut state = write(&self.state);
+            let held = state.rules.clone();
+            if held.as_ref().is_some_and(|held| held.snapshot.revision() > compiled.snapshot.revision()) {
+                return;
+            }
+            state.rules = Some(compiled.clone());
+            state.confirmed_at = Some(Instant::now());
+            held
+        };
+        if let Some(held) = replaced {
+            if held.snapshot.revision() != compiled.snapshot.revision() {
+                tracing::info!(
+                    from = held.snapshot.revision(),
+                    to = compiled.snapshot.revision(),
+                    rules = compiled.snapshot.rules().len(),
+                    "installed a new rate-budget rules snapshot"
+                );
+            }
+            forget(&self.guard, grown_rules(&held.snapshot, &compiled.snapshot));
+        }
+    }
+
+    fn install_tiers(&self, tiers: Tiers) {
+        let tiers = Arc::new(tiers);
+        let replaced = {
+            let mut state = write(&self.state);
+            let held = state.tiers.clone();
+            if held.as_ref().is_some_and(|held| held.revision > tiers.revision) {
+                return;
+            }
+            state.tiers = Some(tiers.clone());
+            held
+        };
+        if let Some(held) = replaced {
+            let moved = held
+                .of
+                .iter()
+                .filter(|(domain, tier)| tiers.of.get(*domain) != Some(*tier))
+                .chain(tiers.of.iter().filter(|(domain, tier)| held.of.get(*domain) != Some(*tier)))
+                .map(|(domain, _)| *domain);
+            // A Domain that moved tier may now have a larger budget in any scope.
+            let selectors: HashSet<Selector> = moved.map(Selector::Domain).collect();
+            forget(
+                &self.guard,
+                selectors.into_iter().flat_map(|selector| Scope::ALL.map(|scope| (scope, selector))),
+            );
+        }
+    }
+}
+
+impl ratebudget::Budgets for RuleBudgets {
+    fn policy(&self, scope: Scope, domain: Key) -> Result<Policy, BoxError> {
+        let state = read(&self.state);
+        let (Some(rules), Some(tiers)) = (&state.rules, &state.tiers) else {
+            return Err(NotLoaded.into());
+        };
+        let domain = domain.as_uuid();
+        let tier = tiers.of.get(&domain).copied().unwrap_or_else(default_tier);
+        Ok(match rules.snapshot.resolve(scope, domain, tier) {
+            Some(governing) => rules.policies[governing.index],
+            None => self.default_policy(scope),
+        })
+    }
+}
+
+/// Whether a rule's change from `old` to `new` (either absent: added or deleted) may let a
+/// budget grow: anything but the same rule, selecting the same Domains at the same priority
+/// with the same algorithm, at a rate and burst no larger. (A rule added or removed changes
+/// which rule governs, which may grow a budget.)
+fn may_grow(old: Option<&Rule>, new: Option<&Rule>) -> bool {
+    let (Some(old), Some(new)) = (old, new) else {
+        return old.is_some() || new.is_some();
+    };
+    let (old, new) = (&old.spec, &new.spec);
+    let same_place = (old.scope(), old.selector(), old.priority(), old.algorithm())
+        == (new.scope(), new.selector(), new.priority(), new.algorithm());
+    let no_larger =
+        new.limit().per_second() <= old.limit().per_second() && new.limit().burst() <= old.limit().burst();
+    !(same_place && no_larger)
+}
+
+/// Where the rules that may have grown between two snapshots govern: (scope, selector).
+fn grown_rules(old: &Snapshot, new: &Snapshot) -> HashSet<(Scope, Selector)> {
+    let by_id = |snapshot: &Snapshot| -> HashMap<rules::RuleId, Rule> {
+        snapshot.rules().iter().map(|rule| (rule.id.clone(), rule.clone())).collect()
+    };
+    let (old, new) = (by_id(old), by_id(new));
+    let ids: HashSet<&rules::RuleId> = old.keys().chain(new.keys()).collect();
+    let mut grown = HashSet::new();
+    for id in ids {
+        let (before, after) = (old.get(id), new.get(id));
+        if may_grow(before, after) {
+            for rule in before.into_iter().chain(after) {
+                grown.insert((rule.spec.scope(), rule.spec.selector()));
+            }
+        }
+    }
+    grown
+}
+
+/// Makes the guard forget the buckets governed at each (scope, selector): one Domain's own
+/// bucket where the scope is keyed by the Domain and the selector names it, else the whole
+/// scope (the guard does not know which Nodes belong to which Domain, or which tier).
+fn forget(guard: &Guard, governed: impl IntoIterator<Item = (Scope, Selector)>) {
+    let mut scopes = HashSet::new();
+    for (scope, selector) in governed {
+        match selector {
+            Selector::Domain(domain) if scope.is_per_domain() => guard.forget(scope, domain.into()),
+            _ => {
+                scopes.insert(scope);
+            }
+        }
+    }
+    for scope in scopes {
+        guard.forget_scope(scope);
+    }
+}
+
+/// Where the rules and tiers are read from: services on the background pool.
+#[derive(Clone)]
+pub struct Sources {
+    /// The rules.
+    pub rules: rules::RulesService,
+    /// The Domains' tiers.
+    pub access: access::AccessService,
+}
+
+/// How long after a failed listen the listener tries again.
+const RELISTEN_AFTER: Duration = Duration::from_secs(1);
+
+/// Keeps `budgets` current until `shutdown`: listens for every change on `pool`'s connection
+/// (reading both again on every (re)connection), and checks the revisions every `poll`.
+pub async fn follow(
+    budgets: Arc<RuleBudgets>,
+    pool: PgPool,
+    sources: Sources,
+    poll: Duration,
+    shutdown: CancellationToken,
+) {
+    tokio::join!(
+        listen(&budgets, &pool, &sources, &shutdown),
+        check_every(&budgets, &sources, poll, &shutdown)
+    );
+}
+
+async fn listen(budgets: &RuleBudgets, pool: &PgPool, sources: &Sources, shutdown: &CancellationToken) {
+    loop {
+        let mut listener = loop {
+            let connected = async {
+                let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
+                listener.listen_all([rules::CHANGES_CHANNEL, access::TIER_CHANNEL]).await?;
+                Ok::<_, sqlx::Error>(listener)
+            };
+            match connected.await {
+                Ok(listener) => break listener,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot listen for rule and tier changes; retrying");
+                    tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        () = tokio::time::sleep(RELISTEN_AFTER) => {}
+                    }
+                }
+            }
+        };
+        // Whatever changed while nobody listened is unknown.
+        reload(budgets, sources).await;
+        loop {
+            let message = tokio::select! {
+                () = shutdown.cancelled() => return,
+                message = listener.try_recv() => message,
+            };
+            match message {
+                Ok(Some(notification)) if notification.channel() == rules::CHANGES_CHANNEL => {
+                    let held = read(&budgets.state).rules.as_ref().map(|rules| rules.snapshot.revision());
+                    let announced: Option<i64> = notification.payload().parse().ok();
+                    // Notifications of changes a load already holds cost nothing.
+                    if announced.is_none() || held < announced {
+                        if let Err(error) = budgets.reload_rules(&sources.rules).await {
+                            tracing::warn!(error = %cause_chain(&error), "cannot reload the rate-budget rules; the poll will retry");
+                        }
+                    }
+                }
+                Ok(Some(_)) => {
+                    if let Err(error) = budgets.reload_tiers(&sources.access).await {
+                        tracing::warn!(error = %cause_chain(&error), "cannot reload the Domain tiers; the poll will retry");
+                    }
+                }
+                // The connection was lost; try_recv reconnects on the next call, but what was
+                // sent in between is gone.
+                Ok(None) => reload(budgets, sources).await,
+                Err(error) => {
+                    tracing::warn!(%error, "lost the rule and tier listener; reconnecting");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+async fn reload(budgets: &RuleBudgets, sources: &Sources) {
+    if let Err(error) = budgets.reload(sources).await {
+        tracing::warn!(error = %cause_chain(error.as_ref()), "cannot load the rate-budget rules and Domain tiers; the poll will retry");
+    }
+}
+
+async fn check_every(budgets: &RuleBudgets, sources: &Sources, poll: Duration, shutdown: &CancellationToken) {
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(poll) => {}
+        }
+        if let Err(error) = budgets.check(sources).await {
+            tracing::warn!(error = %cause_chain(error.as_ref()), "cannot check the rate-budget rules and Domain tiers are current");
+        }
+    }
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    // Every value behind these locks is replaced whole; a panic cannot tear one.
+    lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_and_rules_name_the_same_four_tiers() {
+        assert_eq!(access::Tier::ALL.len(), rules::Tier::ALL.len());
+        for tier in access::Tier::ALL {
+            assert_eq!(rules_tier(tier).as_str(), tier.as_str());
+        }
+    }
+
+    #[test]
+    fn fail_modes_read_the_same_both_ways() {
+        for mode in [rules::FailMode::Closed, rules::FailMode::Open, rules::FailMode::Static] {
+            assert_eq!(rule_fail_mode(fail_mode(mode)), mode);
+        }
+    }
+}

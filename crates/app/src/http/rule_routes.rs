@@ -1,0 +1,372 @@
+//! Operator routes for rate-budget rules: write under `If-Match`, read, list, history,
+//! rollback, delete, and usage.
+//!
+//! A rule is JSON in and out; its `ETag` is its version in quotes. Writing through this
+//! replica reloads this replica's snapshot before answering, so the writer's next request here
+//! is decided by what it wrote; the other replicas hear of it by notification.
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::auth::Operator;
+use super::error::{set_etag, unknown_rule};
+use super::{read_body, ApiError, AppState, PathParams, OPERATOR_BODY_LIMIT};
+
+/// A rule as the API shows it.
+#[derive(Serialize)]
+pub(super) struct RuleBody {
+    rule_id: String,
+    #[serde(flatten)]
+    spec: SpecBody,
+    version: i64,
+    created_by: String,
+    updated_at: DateTime<Utc>,
+}
+
+/// A rule's content as the API shows it.
+#[derive(Serialize)]
+pub(super) struct SpecBody {
+    scope: &'static str,
+    selector: Value,
+    rate: f64,
+    per_ms: u32,
+    burst: f64,
+    algorithm: &'static str,
+    mode: &'static str,
+    fail_mode: &'static str,
+    priority: i32,
+}
+
+pub(super) fn selector_json(selector: rules::Selector) -> Value {
+    match selector {
+        rules::Selector::AllDomains => Value::Object(Map::new()),
+        rules::Selector::Tier(tier) => serde_json::json!({ "tier": tier.as_str() }),
+        rules::Selector::Domain(domain) => serde_json::json!({ "domain": domain }),
+    }
+}
+
+fn spec_body(spec: &rules::RuleSpec) -> SpecBody {
+    SpecBody {
+        scope: spec.scope().as_str(),
+        selector: selector_json(spec.selector()),
+        rate: spec.rate(),
+        per_ms: spec.per_ms(),
+        burst: spec.burst(),
+        algorithm: spec.algorithm().as_str(),
+        mode: spec.mode().as_str(),
+        fail_mode: spec.fail_mode().as_str(),
+        priority: spec.priority(),
+    }
+}
+
+pub(super) fn rule_body(rule: &rules::Rule) -> RuleBody {
+    RuleBody {
+        rule_id: rule.id.to_string(),
+        spec: spec_body(&rule.spec),
+        version: rule.version.get(),
+        created_by: rule.created_by.as_str().to_owned(),
+        updated_at: rule.updated_at,
+    }
+}
+
+/// A rule with `status`, and its version as the `ETag`.
+fn rule_response(status: StatusCode, rule: &rules::Rule) -> Response {
+    let mut response = (status, Json(rule_body(rule))).into_response();
+    set_etag(&mut response, rule.version);
+    response
+}
+
+/// The answer to a write, once this replica has reloaded its rules so that the write governs
+/// its next decision: 201 for a rule that did not exist before, 200 otherwise.
+async fn written(state: &AppState, put: &rules::Put) -> Response {
+    state.reload_rules().await;
+    let status = if matches!(put, rules::Put::Created(_)) { StatusCode::CREATED } else { StatusCode::OK };
+    rule_response(status, put.rule())
+}
+
+/// A JSON object's members, taken one by one by name, so that a member of the wrong type, a
+/// missing one and an unknown one are each a 400 naming it.
+pub(super) struct Fields(Map<String, Value>);
+
+impl Fields {
+    /// The body as a JSON object.
+    pub(super) fn parse(body: Result<Bytes, BytesRejection>) -> Result<Fields, ApiError> {
+        let body = read_body(body, OPERATOR_BODY_LIMIT)?;
+        match serde_json::from_slice(&body) {
+            Ok(Value::Object(members)) => Ok(Fields(members)),
+            Ok(_) => Err(ApiError::bad_request("the body must be a JSON object")),
+            Err(error) => Err(ApiError::bad_request(format!("malformed JSON body: {error}"))),
+        }
+    }
+
+    fn take<T>(
+        &mut self,
+        name: &'static str,
+        what: &str,
+        read: impl FnOnce(&Value) -> Option<T>,
+    ) -> Result<Option<T>, ApiError> {
+        match self.0.remove(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => read(&value)
+                .map(Some)
+                .ok_or_else(|| ApiError::bad_request(format!("invalid {name}: must be {what}"))),
+        }
+    }
+
+    pub(super) fn string(&mut self, name: &'static str) -> Result<Option<String>, ApiError> {
+        self.take(name, "a string", |value| value.as_str().map(str::to_owned))
+    }
+
+    pub(super) fn number(&mut self, name: &'static str) -> Result<Option<f64>, ApiError> {
+        self.take(name, "a number", Value::as_f64)
+    }
+
+    pub(super) fn integer(&mut self, name: &'static str) -> Result<Option<i64>, ApiError> {
+        self.take(name, "a whole number", Value::as_i64)
+    }
+
+    fn selector(&mut self) -> Result<Option<rules::Selector>, ApiError> {
+        let shape = "an object such as {}, {\"tier\": \"premium\"} or {\"domain\": \"<uuid>\"}";
+        let Some(members) = self.take("selector", shape, |value| value.as_object().cloned())? else {
+            return Ok(None);
+        };
+        let mut pairs = Vec::with_capacity(members.len());
+        for (key, value) in &members {
+            let text = value
+                .as_str()
+                .ok_or_else(|| ApiError::bad_request(format!("invalid selector: must be {shape}")))?;
+            pairs.push((key.as_str(), text));
+        }
+        Ok(Some(rules::Selector::from_pairs(pairs)?))
+    }
+
+    /// Fails on any member not taken: a misspelt field must not be silently ignored.
+    pub(super) fn finish(self) -> Result<(), ApiError> {
+        match self.0.keys().next() {
+            None => Ok(()),
+            Some(unknown) => Err(ApiError::bad_request(format!("unknown field {unknown:?}"))),
+        }
+    }
+}
+
+fn required<T>(value: Option<T>, name: &'static str) -> Result<T, ApiError> {
+    value.ok_or_else(|| ApiError::bad_request(format!("invalid {name}: required")))
+}
+
+/// A rule's content from a `PUT` body: `scope`, `selector`, `rate` and `burst` required;
+/// `per_ms`, `algorithm`, `mode`, `fail_mode` and `priority` defaulted.
+fn parse_rule(body: Result<Bytes, BytesRejection>) -> Result<rules::RuleSpec, ApiError> {
+    let mut fields = Fields::parse(body)?;
+    let draft = rules::RuleDraft {
+        scope: required(fields.string("scope")?, "scope")?,
+        selector: required(fields.selector()?, "selector")?,
+        rate: required(fields.number("rate")?, "rate")?,
+        per_ms: fields.integer("per_ms")?,
+        burst: required(fields.number("burst")?, "burst")?,
+        algorithm: fields.string("algorithm")?,
+        mode: fields.string("mode")?,
+        fail_mode: fields.string("fail_mode")?,
+        priority: fields.integer("priority")?,
+    };
+    fields.finish()?;
+    Ok(draft.validate()?)
+}
+
+/// The version `If-Match` names, if the request sent one.
+fn if_match(headers: &HeaderMap) -> Result<Option<rules::Version>, ApiError> {
+    let Some(value) = headers.get(header::IF_MATCH) else {
+        return Ok(None);
+    };
+    let text = value.to_str().map_err(|_| ApiError::bad_request("invalid If-Match: not text"))?;
+    rules::Version::from_etag(text)
+        .map(Some)
+        .map_err(|invalid| ApiError::bad_request(format!("invalid If-Match: {}", invalid.reason)))
+}
+
+fn rule_id(raw: String) -> Result<rules::RuleId, ApiError> {
+    Ok(rules::RuleId::parse(raw)?)
+}
+
+/// `PUT /v1/rules/{rule_id}`: creates the rule (201), or with `If-Match: "<version>"`
+/// replaces that version of it (200).
+pub(super) async fn put_rule(
+    operator: Operator,
+    State(state): State<AppState>,
+    PathParams(id): PathParams<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let id = rule_id(id)?;
+    let spec = parse_rule(body)?;
+    let if_match = if_match(&headers)?;
+    let actor = operator.actor()?;
+    let put = state.bounded("writing a rule", state.rules.put(&id, &spec, if_match, &actor)).await??;
+    tracing::info!(rule = %id, version = %put.rule().version, actor = actor.as_str(), "operator wrote a rule");
+    Ok(written(&state, &put).await)
+}
+
+/// `GET /v1/rules/{rule_id}`
+pub(super) async fn get_rule(
+    _: Operator,
+    State(state): State<AppState>,
+    PathParams(id): PathParams<String>,
+) -> Result<Response, ApiError> {
+    let id = rule_id(id)?;
+    let rule = state.bounded("reading a rule", state.rules.get(&id)).await??.ok_or_else(unknown_rule)?;
+    Ok(rule_response(StatusCode::OK, &rule))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ListQuery {
+    scope: Option<String>,
+}
+
+/// `GET /v1/rules?scope=...`: every rule, or every rule of one scope, by id.
+pub(super) async fn list_rules(
+    _: Operator,
+    State(state): State<AppState>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<Vec<RuleBody>>, ApiError> {
+    let Query(query) = query.map_err(|rejection| ApiError::bad_request(rejection.body_text()))?;
+    let scope = query
+        .scope
+        .map(|scope| scope.parse::<ratebudget::Scope>())
+        .transpose()
+        .map_err(|error| ApiError::bad_request(format!("invalid scope: {error}")))?;
+    let rules = state.bounded("listing rules", state.rules.list(scope)).await??;
+    Ok(Json(rules.iter().map(rule_body).collect()))
+}
+
+#[derive(Serialize)]
+pub(super) struct VersionBody {
+    version: i64,
+    change: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rolled_back_to: Option<i64>,
+    #[serde(flatten)]
+    spec: SpecBody,
+    created_by: String,
+    created_at: DateTime<Utc>,
+    revision: i64,
+}
+
+/// `GET /v1/rules/{rule_id}/history`: every version, oldest first, with who made it and when.
+pub(super) async fn rule_history(
+    _: Operator,
+    State(state): State<AppState>,
+    PathParams(id): PathParams<String>,
+) -> Result<Json<Vec<VersionBody>>, ApiError> {
+    let id = rule_id(id)?;
+    let versions = state
+        .bounded("reading a rule's history", state.rules.history(&id))
+        .await??
+        .ok_or_else(unknown_rule)?;
+    let body = versions
+        .iter()
+        .map(|version| VersionBody {
+            version: version.version.get(),
+            change: version.change.as_str(),
+            rolled_back_to: match version.change {
+                rules::Change::RolledBack { to } => Some(to.get()),
+                _ => None,
+            },
+            spec: spec_body(&version.spec),
+            created_by: version.created_by.as_str().to_owned(),
+            created_at: version.created_at,
+            revision: version.revision,
+        })
+        .collect();
+    Ok(Json(body))
+}
+
+/// `POST /v1/rules/{rule_id}/rollback` `{"version"}`: writes a new version with that
+/// version's content (201 when it recreates a deleted rule, else 200); `If-Match` optional.
+pub(super) async fn rollback_rule(
+    operator: Operator,
+    State(state): State<AppState>,
+    PathParams(id): PathParams<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let id = rule_id(id)?;
+    let mut fields = Fields::parse(body)?;
+    let to = rules::Version::new(required(fields.integer("version")?, "version")?)?;
+    fields.finish()?;
+    let if_match = if_match(&headers)?;
+    let actor = operator.actor()?;
+    let put = state.bounded("rolling back a rule", state.rules.rollback(&id, to, if_match, &actor)).await??;
+    tracing::info!(rule = %id, to = %to, version = %put.rule().version, actor = actor.as_str(), "operator rolled back a rule");
+    Ok(written(&state, &put).await)
+}
+
+/// `DELETE /v1/rules/{rule_id}` with `If-Match`: 204.
+pub(super) async fn delete_rule(
+    operator: Operator,
+    State(state): State<AppState>,
+    PathParams(id): PathParams<String>,
+    headers: HeaderMap,
+) -> Result<StatusCode, ApiError> {
+    let id = rule_id(id)?;
+    let Some(if_match) = if_match(&headers)? else {
+        // Read only to say which version to name: the deletion itself is conditional.
+        let rule = state.bounded("reading a rule", state.rules.get(&id)).await??.ok_or_else(unknown_rule)?;
+        return Err(rules::WriteError::PreconditionRequired { current: rule.version }.into());
+    };
+    let actor = operator.actor()?;
+    let version = state.bounded("deleting a rule", state.rules.delete(&id, if_match, &actor)).await??;
+    tracing::info!(rule = %id, %version, actor = actor.as_str(), "operator deleted a rule");
+    state.reload_rules().await;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct UsageQuery {
+    since: Option<DateTime<Utc>>,
+}
+
+#[derive(Serialize)]
+pub(super) struct UsageBody {
+    minute: DateTime<Utc>,
+    granted: u64,
+    refused: u64,
+    shadow_refused: u64,
+}
+
+/// How far back `GET /v1/rules/{rule_id}/usage` looks when no `since` is given.
+const USAGE_LOOKBACK: chrono::TimeDelta = chrono::TimeDelta::hours(1);
+
+/// `GET /v1/rules/{rule_id}/usage?since=<RFC 3339>`: decisions per minute, summed over every
+/// replica, from `since` (an hour ago by the replicas' clock, by default) on.
+pub(super) async fn rule_usage(
+    _: Operator,
+    State(state): State<AppState>,
+    PathParams(id): PathParams<String>,
+    query: Result<Query<UsageQuery>, QueryRejection>,
+) -> Result<Json<Vec<UsageBody>>, ApiError> {
+    let id = rule_id(id)?;
+    let Query(query) = query.map_err(|rejection| ApiError::bad_request(rejection.body_text()))?;
+    let since = query.since.unwrap_or_else(|| state.decision_clock.now() - USAGE_LOOKBACK);
+    let minutes = state
+        .bounded("reading a rule's usage", state.rules.usage(&id, since))
+        .await??
+        .ok_or_else(unknown_rule)?;
+    let body = minutes
+        .into_iter()
+        .map(|minute| UsageBody {
+            minute: minute.minute,
+            granted: minute.granted,
+            refused: minute.refused,
+            shadow_refused: minute.shadow_refused,
+        })
+        .collect();
+    Ok(Json(body))
+}

@@ -1,0 +1,8 @@
+-- Every version of one rule, oldest first. Parameters: $1 rule_id.
+SELECT
+    version, change, rolled_back_to, scope, selector ->> 'tier' AS selector_tier,
+    selector ->> 'domain' AS selector_domain, rate, per_ms, burst, algorithm, mode, fail_mode,
+    priority, created_by, created_at, revision
+FROM plexsphere.rule_versions
+WHERE rule_id = $1::text
+ORDER BY version

@@ -1,0 +1,3 @@
+-- The rules' revision: how many rule changes there have been.
+SELECT revision
+FROM plexsphere.rule_revision

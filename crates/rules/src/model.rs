@@ -1,0 +1,534 @@
+//! The rules context's values: rule ids, selectors, validated rule specifications, versions,
+//! actors, history entries and usage counts.
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use ratebudget::{Limit, Scope};
+use uuid::Uuid;
+
+#[cfg(test)]
+mod tests;
+
+/// Why a rule, or a part of one, was rejected: which field, and the rule it breaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {field}: {reason}")]
+pub struct InvalidRule {
+    /// The field as the API names it: `rule_id`, `scope`, `selector`, `rate`, `per_ms`,
+    /// `burst`, `algorithm`, `mode`, `fail_mode`, `priority`, `version` or `created_by`.
+    pub field: &'static str,
+    /// What it must be.
+    pub reason: &'static str,
+}
+
+fn invalid(field: &'static str, reason: &'static str) -> InvalidRule {
+    InvalidRule { field, reason }
+}
+
+/// A rule's caller-chosen id: 1 to 128 of `A-Z a-z 0-9 . _ -`, starting with a letter or
+/// digit, so it is a path segment as it stands and a PUT of the same id is idempotent.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RuleId(String);
+
+impl RuleId {
+    /// Checks `raw` as a rule id.
+    ///
+    /// # Errors
+    /// [`InvalidRule`] on field `rule_id` unless it follows the rule above (the table's CHECK).
+    pub fn parse(raw: impl Into<String>) -> Result<RuleId, InvalidRule> {
+        let raw = raw.into();
+        let bytes = raw.as_bytes();
+        let valid = (1..=128).contains(&bytes.len())
+            && bytes[0].is_ascii_alphanumeric()
+            && bytes.iter().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        if valid {
+            Ok(RuleId(raw))
+        } else {
+            Err(invalid("rule_id", "must be 1 to 128 of A-Z a-z 0-9 . _ -, starting with a letter or digit"))
+        }
+    }
+
+    /// The id that `POST /v1/domains` gives the issuance override it writes for a Domain.
+    pub fn issuance_override(domain: Uuid) -> RuleId {
+        RuleId(format!("domain-{domain}-issuance"))
+    }
+
+    /// The id's text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for RuleId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A service tier a template rule selects. The access context owns which tier a Domain is in;
+/// these are the same four, by text (`free`, `standard`, `premium`, `enterprise`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Tier {
+    /// `free`.
+    Free,
+    /// `standard`.
+    Standard,
+    /// `premium`.
+    Premium,
+    /// `enterprise`.
+    Enterprise,
+}
+
+impl Tier {
+    /// Every tier, cheapest first.
+    pub const ALL: [Tier; 4] = [Tier::Free, Tier::Standard, Tier::Premium, Tier::Enterprise];
+
+    /// The tier's text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Free => "free",
+            Tier::Standard => "standard",
+            Tier::Premium => "premium",
+            Tier::Enterprise => "enterprise",
+        }
+    }
+
+    /// The tier `text` names, if any.
+    pub fn parse(text: &str) -> Option<Tier> {
+        Tier::ALL.into_iter().find(|tier| tier.as_str() == text)
+    }
+}
+
+/// Which Domains a rule governs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Selector {
+    /// Every Domain: `{}`.
+    AllDomains,
+    /// The Domains of one tier: `{"tier": "premium"}`; a template.
+    Tier(Tier),
+    /// One Domain: `{"domain": "<uuid>"}`; an override.
+    Domain(Uuid),
+}
+
+impl Selector {
+    /// Reads a selector from its JSON object's members, each a key and a string value.
+    ///
+    /// # Errors
+    /// [`InvalidRule`] on field `selector` unless the members are none, exactly `tier` naming
+    /// one of the four tiers, or exactly `domain` naming a (non-nil) uuid.
+    pub fn from_pairs<'a>(
+        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Selector, InvalidRule> {
+        let shape =
+            "must be {}, {\"tier\": \"<free|standard|premium|enterprise>\"} or {\"domain\": \"<uuid>\"}";
+        let mut pairs = pairs.into_iter();
+        let selector = match pairs.next() {
+            None => Selector::AllDomains,
+            Some(("tier", text)) => Selector::Tier(Tier::parse(text).ok_or(invalid("selector", shape))?),
+            Some(("domain", text)) => match Uuid::parse_str(text) {
+                Ok(id) if !id.is_nil() => Selector::Domain(id),
+                _ => return Err(invalid("selector", shape)),
+            },
+            Some(_) => return Err(invalid("selector", shape)),
+        };
+        match pairs.next() {
+            None => Ok(selector),
+            Some(_) => Err(invalid("selector", shape)),
+        }
+    }
+}
+
+/// Which algorithm decides a rule's takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// `TOKEN_BUCKET`: the shared token bucket (the default).
+    TokenBucket,
+    /// `GCRA`: a named GCRA limiter; only for `access_issuance_domain`, the one scope spent
+    /// alone (the others are spent in pairs, in one token-bucket statement).
+    Gcra,
+}
+
+/// Whether a rule's refusals refuse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// `ENFORCE`: a refusal is a 429 (the default).
+    Enforce,
+    /// `SHADOW`: decisions are made and counted, refusals logged, every request admitted.
+    Shadow,
+}
+
+/// What a rule's takes do when the shared store cannot answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FailMode {
+    /// `CLOSED`: HTTP 500 (the default).
+    Closed,
+    /// `OPEN`: admitted, nothing counted against the budget.
+    Open,
+    /// `STATIC`: decided by this replica's in-memory bucket of the same limit.
+    Static,
+}
+
+/// The text forms of the three enums above, each in one place.
+macro_rules! text_enum {
+    ($type:ty, $field:literal, $reason:literal, $($variant:path => $text:literal),+) => {
+        impl $type {
+            /// The text the API and the table use.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($variant => $text),+
+                }
+            }
+
+            /// Reads the text the API and the table use.
+            ///
+            /// # Errors
+            #[doc = concat!("[`InvalidRule`] on field `", $field, "` for any other text.")]
+            pub fn parse(text: &str) -> Result<$type, InvalidRule> {
+                match text {
+                    $($text => Ok($variant),)+
+                    _ => Err(invalid($field, $reason)),
+                }
+            }
+        }
+    };
+}
+
+text_enum!(Algorithm, "algorithm", "must be TOKEN_BUCKET or GCRA",
+    Algorithm::TokenBucket => "TOKEN_BUCKET", Algorithm::Gcra => "GCRA");
+text_enum!(Mode, "mode", "must be ENFORCE or SHADOW", Mode::Enforce => "ENFORCE", Mode::Shadow => "SHADOW");
+text_enum!(FailMode, "fail_mode", "must be CLOSED, OPEN or STATIC",
+    FailMode::Closed => "CLOSED", FailMode::Open => "OPEN", FailMode::Static => "STATIC");
+
+/// A rule as its writer gives it, before any check. `None` takes the default: `per_ms` 1000,
+/// `TOKEN_BUCKET`, `ENFORCE`, `CLOSED`, priority 0.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuleDraft {
+    /// The scope's text, e.g. `secret_read_node`.
+    pub scope: String,
+    /// The Domains governed.
+    pub selector: Selector,
+    /// Tokens added every `per_ms` milliseconds.
+    pub rate: f64,
+    /// The period `rate` is counted over, in milliseconds.
+    pub per_ms: Option<i64>,
+    /// The most a bucket holds.
+    pub burst: f64,
+    /// `TOKEN_BUCKET` or `GCRA`.
+    pub algorithm: Option<String>,
+    /// `ENFORCE` or `SHADOW`.
+    pub mode: Option<String>,
+    /// `CLOSED`, `OPEN` or `STATIC`.
+    pub fail_mode: Option<String>,
+    /// Which rule wins among several at one level: the highest.
+    pub priority: Option<i64>,
+}
+
+/// The longest `per_ms`: a day. Any longer and a rate worth having would round to nothing.
+const MAX_PER_MS: i64 = 86_400_000;
+
+impl RuleDraft {
+    /// Checks every field, in the order the struct lists them, and applies the defaults.
+    ///
+    /// # Errors
+    /// [`InvalidRule`] naming the first field that is wrong: `scope` (not one of the five),
+    /// `rate` (not above 0, or above 1e12 a second once divided by `per_ms`), `per_ms` (not 1
+    /// to 86400000), `burst` (below 1, above 1e15, or not refilled from empty within an hour
+    /// at `rate`: the rule `ratebudget::Limit::new` holds every budget to), `algorithm`,
+    /// `mode`, `fail_mode` (not one of their texts; `GCRA` for a scope other than
+    /// `access_issuance_domain`), `priority` (outside a 32-bit integer).
+    pub fn validate(self) -> Result<RuleSpec, InvalidRule> {
+        let scope: Scope = self.scope.parse().map_err(|_| {
+            invalid(
+                "scope",
+                "must be one of secret_read_node, secret_read_domain, access_issuance_domain, ingest_node, ingest_domain",
+            )
+        })?;
+        // Written so that NaN fails each comparison.
+        if !(self.rate > 0.0 && self.rate.is_finite()) {
+            return Err(invalid("rate", "must be a number above 0"));
+        }
+        let per_ms = self.per_ms.unwrap_or(1000);
+        if !(1..=MAX_PER_MS).contains(&per_ms) {
+            return Err(invalid("per_ms", "must be a whole number of milliseconds from 1 to 86400000"));
+        }
+        let per_ms = u32::try_from(per_ms).map_err(|_| invalid("per_ms", "must fit 32 bits"))?;
+        if self.burst.is_nan() || self.burst < 1.0 {
+            return Err(invalid("burst", "must be at least 1: every request costs at least one token"));
+        }
+        if self.burst > Limit::MAX_BURST {
+            return Err(invalid("burst", "must be at most 1e15"));
+        }
+        let limit = Limit::new(per_second(self.rate, per_ms), self.burst).map_err(|invalid_limit| {
+            if invalid_limit.field == "per_second" {
+                invalid("rate", "must come to above 0 and at most 1e12 a second (rate / (per_ms / 1000))")
+            } else {
+                invalid(
+                    "burst",
+                    "must refill from empty within an hour: burst <= rate / (per_ms / 1000) * 3600",
+                )
+            }
+        })?;
+        let algorithm = self.algorithm.as_deref().map_or(Ok(Algorithm::TokenBucket), Algorithm::parse)?;
+        if algorithm == Algorithm::Gcra && scope != Scope::AccessIssuanceDomain {
+            return Err(invalid(
+                "algorithm",
+                "GCRA governs only access_issuance_domain: the other scopes are spent two at a time, in one token-bucket statement",
+            ));
+        }
+        let mode = self.mode.as_deref().map_or(Ok(Mode::Enforce), Mode::parse)?;
+        let fail_mode = self.fail_mode.as_deref().map_or(Ok(FailMode::Closed), FailMode::parse)?;
+        let priority = i32::try_from(self.priority.unwrap_or(0))
+            .map_err(|_| invalid("priority", "must be a whole number from -2147483648 to 2147483647"))?;
+        Ok(RuleSpec {
+            scope,
+            selector: self.selector,
+            rate: self.rate,
+            per_ms,
+            burst: self.burst,
+            limit,
+            algorithm,
+            mode,
+            fail_mode,
+            priority,
+        })
+    }
+}
+
+/// `rate` tokens every `per_ms` milliseconds, in tokens a second, exactly as the table's CHECK
+/// computes it (`rate / (per_ms / 1000)`, in this order, in float8), so the two always agree.
+/// Dividing by the period in seconds keeps the commonest period, a second, exact: `rate / 1.0`
+/// is `rate`, where `rate * 1000 / 1000` may not be.
+fn per_second(rate: f64, per_ms: u32) -> f64 {
+    rate / (f64::from(per_ms) / 1000.0)
+}
+
+/// A rule's content, checked: everything but its id, version and authorship.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RuleSpec {
+    scope: Scope,
+    selector: Selector,
+    rate: f64,
+    per_ms: u32,
+    burst: f64,
+    limit: Limit,
+    algorithm: Algorithm,
+    mode: Mode,
+    fail_mode: FailMode,
+    priority: i32,
+}
+
+impl RuleSpec {
+    /// The budget governed.
+    pub fn scope(&self) -> Scope {
+        self.scope
+    }
+
+    /// The Domains governed.
+    pub fn selector(&self) -> Selector {
+        self.selector
+    }
+
+    /// Tokens added every [`RuleSpec::per_ms`] milliseconds.
+    pub fn rate(&self) -> f64 {
+        self.rate
+    }
+
+    /// The period [`RuleSpec::rate`] is counted over.
+    pub fn per_ms(&self) -> u32 {
+        self.per_ms
+    }
+
+    /// The most a bucket holds.
+    pub fn burst(&self) -> f64 {
+        self.burst
+    }
+
+    /// The budget as the rate-budget store takes it: tokens a second and burst.
+    pub fn limit(&self) -> Limit {
+        self.limit
+    }
+
+    /// Which algorithm decides.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// Whether refusals refuse.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// What happens when the store cannot answer.
+    pub fn fail_mode(&self) -> FailMode {
+        self.fail_mode
+    }
+
+    /// Which rule wins among several at one level: the highest.
+    pub fn priority(&self) -> i32 {
+        self.priority
+    }
+}
+
+/// A rule's version: 1 when first written, one more with every change (a deletion too), and
+/// never reused by the same id. Its ETag is the number in quotes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Version(i64);
+
+impl Version {
+    /// Checks a version number.
+    ///
+    /// # Errors
+    /// [`InvalidRule`] on field `version` unless it is at least 1.
+    pub fn new(number: i64) -> Result<Version, InvalidRule> {
+        if number >= 1 {
+            Ok(Version(number))
+        } else {
+            Err(invalid("version", "must be a whole number of at least 1"))
+        }
+    }
+
+    /// The number.
+    pub fn get(self) -> i64 {
+        self.0
+    }
+
+    /// The version as an entity tag: `"3"`.
+    pub fn etag(self) -> String {
+        format!("\"{}\"", self.0)
+    }
+
+    /// The version an entity tag names: `"3"` is version 3. A weak tag (`W/"3"`) never
+    /// matches, as `If-Match` compares strongly.
+    ///
+    /// # Errors
+    /// [`InvalidRule`] on field `version` unless `tag` is a quoted version number.
+    pub fn from_etag(tag: &str) -> Result<Version, InvalidRule> {
+        let shape =
+            invalid("version", "an entity tag of a rule is a version number in quotes, such as \"3\"");
+        let number = tag.trim().strip_prefix('"').and_then(|rest| rest.strip_suffix('"')).ok_or(shape)?;
+        if !number.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(shape);
+        }
+        Version::new(number.parse().map_err(|_| shape)?)
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// Who made a change: recorded with every version.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Actor(String);
+
+impl Actor {
+    /// Checks an actor's name: 1 to 200 characters, none of them control characters.
+    ///
+    /// # Errors
+    /// [`InvalidRule`] on field `created_by` otherwise.
+    pub fn new(name: impl Into<String>) -> Result<Actor, InvalidRule> {
+        let name = name.into();
+        let chars = name.chars().count();
+        if (1..=200).contains(&chars) && !name.chars().any(char::is_control) {
+            Ok(Actor(name))
+        } else {
+            Err(invalid("created_by", "must be 1 to 200 characters, none of them control characters"))
+        }
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A rule as it stands.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rule {
+    /// Its id.
+    pub id: RuleId,
+    /// Its content.
+    pub spec: RuleSpec,
+    /// Its current version.
+    pub version: Version,
+    /// Who wrote the current version.
+    pub created_by: Actor,
+    /// When the current version was written.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// What a version did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// The rule was written where none stood (first, or after a deletion).
+    Created,
+    /// A writer holding the previous version replaced it.
+    Replaced,
+    /// The rule was set back to an earlier version's content.
+    RolledBack {
+        /// The version whose content it took.
+        to: Version,
+    },
+    /// The rule was deleted; the version holds the content it had.
+    Deleted,
+}
+
+impl Change {
+    /// The change's text: `created`, `replaced`, `rolled_back` or `deleted`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Change::Created => "created",
+            Change::Replaced => "replaced",
+            Change::RolledBack { .. } => "rolled_back",
+            Change::Deleted => "deleted",
+        }
+    }
+}
+
+/// One entry of a rule's history: a version, what it did, and who did it when.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuleVersion {
+    /// The version.
+    pub version: Version,
+    /// What it did.
+    pub change: Change,
+    /// The content the rule had from this version on (for a deletion, the content deleted).
+    pub spec: RuleSpec,
+    /// Who made the change.
+    pub created_by: Actor,
+    /// When.
+    pub created_at: DateTime<Utc>,
+    /// The rules' revision this change made: the first snapshot version that holds it.
+    pub revision: i64,
+}
+
+/// How many decisions one rule made in one minute, as one replica counted them: what a flush
+/// adds to the stored counts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UsageCount {
+    /// The rule.
+    pub rule: RuleId,
+    /// The minute, truncated (seconds and below are zero).
+    pub minute: DateTime<Utc>,
+    /// Takes it granted.
+    pub granted: u64,
+    /// Takes it refused.
+    pub refused: u64,
+    /// Takes it would have refused, in shadow mode, and admitted.
+    pub shadow_refused: u64,
+}
+
+/// One minute of a rule's usage, summed over every replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UsageMinute {
+    /// The minute.
+    pub minute: DateTime<Utc>,
+    /// Takes granted.
+    pub granted: u64,
+    /// Takes refused.
+    pub refused: u64,
+    /// Takes that would have been refused, in shadow mode, and were admitted.
+    pub shadow_refused: u64,
+}

@@ -1,0 +1,378 @@
+//! The rules context's adapter: rules, their versions, the revision and the usage rows in
+//! PostgreSQL.
+//!
+//! This is the only module of the context that names `sqlx`. Every change is one statement
+//! (`queries/`): the conditional write, the history row, the revision and the notification
+//! together, so none of them can happen without the others.
+
+use chrono::{DateTime, Utc};
+use ratebudget::Scope;
+use sqlx::postgres::PgRow;
+use sqlx::{PgPool, Row};
+
+use crate::ports::{Created, Replaced, RolledBack};
+use crate::{
+    Actor, Change, RepositoryError, Rule, RuleDraft, RuleId, RuleSpec, RuleVersion, RulesRepository,
+    Selector, UsageCount, UsageMinute, Version,
+};
+
+/// The channel every rule change is announced on, at commit; the payload is the rules'
+/// revision the change made. A listener that reconnects must assume it missed some.
+pub const CHANGES_CHANNEL: &str = "plexsphere_rules";
+
+const CREATE: &str = include_str!("../queries/create.sql");
+const REPLACE: &str = include_str!("../queries/replace.sql");
+const DELETE: &str = include_str!("../queries/delete.sql");
+const ROLLBACK: &str = include_str!("../queries/rollback.sql");
+const ROLLBACK_IF_MATCH: &str = include_str!("../queries/rollback_if_match.sql");
+const ROLLBACK_REFUSAL: &str = include_str!("../queries/rollback_refusal.sql");
+const CURRENT_VERSION: &str = include_str!("../queries/current_version.sql");
+const GET: &str = include_str!("../queries/get.sql");
+const LIST: &str = include_str!("../queries/list.sql");
+const HISTORY: &str = include_str!("../queries/history.sql");
+const REVISION: &str = include_str!("../queries/revision.sql");
+const ADD_USAGE: &str = include_str!("../queries/add_usage.sql");
+const USAGE: &str = include_str!("../queries/usage.sql");
+const PRUNE_USAGE: &str = include_str!("../queries/prune_usage.sql");
+
+/// How many times a write that may create a rule is tried when it lost a race with a
+/// deletion of the same id (it computed the version the deletion took): the next try sees the
+/// deletion and takes the version after it.
+const CREATE_ATTEMPTS: usize = 3;
+
+/// Rules in `plexsphere.rules`, `plexsphere.rule_versions`, `plexsphere.rule_revision` and
+/// `plexsphere.rule_usage`.
+#[derive(Clone, Debug)]
+pub struct PgRulesRepository {
+    pool: PgPool,
+}
+
+impl PgRulesRepository {
+    /// A repository on `pool`, which must have the workspace's migrations applied.
+    pub fn new(pool: PgPool) -> PgRulesRepository {
+        PgRulesRepository { pool }
+    }
+
+    async fn current_version(&self, id: &RuleId) -> Result<Option<Version>, RepositoryError> {
+        let current: Option<i64> = sqlx::query_scalar(CURRENT_VERSION)
+            .bind(id.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        current.map(stored_version).transpose()
+    }
+
+    /// Runs a statement that may insert a rule's next version, again when it lost the race
+    /// with a deletion that took that version.
+    async fn retrying_version_races(
+        &self,
+        statement: impl Fn() -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> Result<Option<PgRow>, RepositoryError> {
+        let mut attempt = 1;
+        loop {
+            match statement().fetch_optional(&self.pool).await {
+                Err(error) if attempt < CREATE_ATTEMPTS && is_version_taken(&error) => attempt += 1,
+                result => return result.map_err(unavailable),
+            }
+        }
+    }
+}
+
+fn unavailable(error: impl std::error::Error + Send + Sync + 'static) -> RepositoryError {
+    RepositoryError(Box::new(error))
+}
+
+/// Whether `error` is the history refusing a version that already exists.
+fn is_version_taken(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .is_some_and(|error| error.is_unique_violation() && error.constraint() == Some("rule_versions_pkey"))
+}
+
+/// A stored version: the table's CHECK keeps it at least 1, so anything else is drift.
+fn stored_version(number: i64) -> Result<Version, RepositoryError> {
+    Version::new(number).map_err(unavailable)
+}
+
+/// The binds every statement that writes a rule's content shares, `$2` to `$12`.
+fn bind_spec<'q>(
+    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    spec: &RuleSpec,
+    actor: &Actor,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    let (tier, domain) = match spec.selector() {
+        Selector::AllDomains => (None, None),
+        Selector::Tier(tier) => (Some(tier.as_str()), None),
+        Selector::Domain(domain) => (None, Some(domain)),
+    };
+    query
+        .bind(spec.scope().as_str())
+        .bind(tier)
+        .bind(domain)
+        .bind(spec.rate())
+        .bind(i32::try_from(spec.per_ms()).unwrap_or(i32::MAX))
+        .bind(spec.burst())
+        .bind(spec.algorithm().as_str())
+        .bind(spec.mode().as_str())
+        .bind(spec.fail_mode().as_str())
+        .bind(spec.priority())
+        .bind(actor.as_str().to_owned())
+}
+
+/// A rule's content from the columns every query names alike. The table's CHECKs hold the
+/// model's rules, so content that fails them means the two have drifted apart: the store
+/// failing to answer, not a rule to act on.
+fn spec_from_row(row: &PgRow) -> Result<RuleSpec, RepositoryError> {
+    let tier: Option<String> = row.try_get("selector_tier").map_err(unavailable)?;
+    let domain: Option<String> = row.try_get("selector_domain").map_err(unavailable)?;
+    let selector = match (&tier, &domain) {
+        (Some(tier), None) => Selector::from_pairs([("tier", tier.as_str())]),
+        (None, Some(domain)) => Selector::from_pairs([("domain", domain.as_str())]),
+        _ => Selector::from_pairs([]),
+    }
+    .map_err(unavailable)?;
+    let per_ms: i32 = row.try_get("per_ms").map_err(unavailable)?;
+    let priority: i32 = row.try_get("priority").map_err(unavailable)?;
+    RuleDraft {
+        scope: row.try_get("scope").map_err(unavailable)?,
+        selector,
+        rate: row.try_get("rate").map_err(unavailable)?,
+        per_ms: Some(i64::from(per_ms)),
+        burst: row.try_get("burst").map_err(unavailable)?,
+        algorithm: Some(row.try_get("algorithm").map_err(unavailable)?),
+        mode: Some(row.try_get("mode").map_err(unavailable)?),
+        fail_mode: Some(row.try_get("fail_mode").map_err(unavailable)?),
+        priority: Some(i64::from(priority)),
+    }
+    .validate()
+    .map_err(unavailable)
+}
+
+fn rule_from_row(row: &PgRow) -> Result<Rule, RepositoryError> {
+    let id: String = row.try_get("rule_id").map_err(unavailable)?;
+    let created_by: String = row.try_get("created_by").map_err(unavailable)?;
+    Ok(Rule {
+        id: RuleId::parse(id).map_err(unavailable)?,
+        spec: spec_from_row(row)?,
+        version: stored_version(row.try_get("version").map_err(unavailable)?)?,
+        created_by: Actor::new(created_by).map_err(unavailable)?,
+        updated_at: row.try_get("updated_at").map_err(unavailable)?,
+    })
+}
+
+fn version_from_row(row: &PgRow) -> Result<RuleVersion, RepositoryError> {
+    let change: String = row.try_get("change").map_err(unavailable)?;
+    let rolled_back_to: Option<i64> = row.try_get("rolled_back_to").map_err(unavailable)?;
+    let change = match (change.as_str(), rolled_back_to) {
+        ("created", None) => Change::Created,
+        ("replaced", None) => Change::Replaced,
+        ("rolled_back", Some(to)) => Change::RolledBack { to: stored_version(to)? },
+        ("deleted", None) => Change::Deleted,
+        _ => return Err(RepositoryError(format!("unknown change {change:?} in rule_versions").into())),
+    };
+    let created_by: String = row.try_get("created_by").map_err(unavailable)?;
+    Ok(RuleVersion {
+        version: stored_version(row.try_get("version").map_err(unavailable)?)?,
+        change,
+        spec: spec_from_row(row)?,
+        created_by: Actor::new(created_by).map_err(unavailable)?,
+        created_at: row.try_get("created_at").map_err(unavailable)?,
+        revision: row.try_get("revision").map_err(unavailable)?,
+    })
+}
+
+fn count(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+fn stored_count(row: &PgRow, column: &str) -> Result<u64, RepositoryError> {
+    let value: i64 = row.try_get(column).map_err(unavailable)?;
+    u64::try_from(value).map_err(unavailable)
+}
+
+#[async_trait::async_trait]
+impl RulesRepository for PgRulesRepository {
+    #[tracing::instrument(level = "debug", skip_all, fields(rule = %id))]
+    async fn create(&self, id: &RuleId, spec: &RuleSpec, actor: &Actor) -> Result<Created, RepositoryError> {
+        for _ in 0..CREATE_ATTEMPTS {
+            let statement = || {
+                bind_spec(sqlx::query(CREATE).bind(id.as_str().to_owned()), spec, actor).bind(CHANGES_CHANNEL)
+            };
+            if let Some(row) = self.retrying_version_races(statement).await? {
+                return Ok(Created::Created(rule_from_row(&row)?));
+            }
+            // A rule of this id stood when the insert ran; say which version, unless it was
+            // deleted in between, in which case the insert is worth another try.
+            if let Some(current) = self.current_version(id).await? {
+                return Ok(Created::Exists(current));
+            }
+        }
+        Err(RepositoryError("the rule kept being created and deleted while it was written".into()))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(rule = %id, expected = %expected))]
+    async fn replace(
+        &self,
+        id: &RuleId,
+        spec: &RuleSpec,
+        expected: Version,
+        actor: &Actor,
+    ) -> Result<Replaced<Rule>, RepositoryError> {
+        let row = bind_spec(sqlx::query(REPLACE).bind(id.as_str()), spec, actor)
+            .bind(CHANGES_CHANNEL)
+            .bind(expected.get())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        match row {
+            Some(row) => Ok(Replaced::Applied(rule_from_row(&row)?)),
+            None => Ok(Replaced::Stale { current: self.current_version(id).await? }),
+        }
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(rule = %id, expected = %expected))]
+    async fn delete(
+        &self,
+        id: &RuleId,
+        expected: Version,
+        actor: &Actor,
+    ) -> Result<Replaced<Version>, RepositoryError> {
+        let deleted: Option<(i64, i64)> = sqlx::query_as(DELETE)
+            .bind(id.as_str())
+            .bind(expected.get())
+            .bind(actor.as_str())
+            .bind(CHANGES_CHANNEL)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        match deleted {
+            Some((version, _)) => Ok(Replaced::Applied(stored_version(version)?)),
+            None => Ok(Replaced::Stale { current: self.current_version(id).await? }),
+        }
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(rule = %id, to = %to))]
+    async fn rollback(
+        &self,
+        id: &RuleId,
+        to: Version,
+        expected: Option<Version>,
+        actor: &Actor,
+    ) -> Result<RolledBack, RepositoryError> {
+        let statement = || {
+            let query = sqlx::query(if expected.is_some() { ROLLBACK_IF_MATCH } else { ROLLBACK })
+                .bind(id.as_str().to_owned())
+                .bind(to.get())
+                .bind(actor.as_str().to_owned())
+                .bind(CHANGES_CHANNEL);
+            match expected {
+                Some(expected) => query.bind(expected.get()),
+                None => query,
+            }
+        };
+        if let Some(row) = self.retrying_version_races(statement).await? {
+            let recreated: bool = row.try_get("recreated").map_err(unavailable)?;
+            return Ok(RolledBack::Applied { rule: rule_from_row(&row)?, recreated });
+        }
+        let (known, target, current): (bool, Option<String>, Option<i64>) = sqlx::query_as(ROLLBACK_REFUSAL)
+            .bind(id.as_str())
+            .bind(to.get())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        Ok(match (known, target.as_deref()) {
+            (false, _) => RolledBack::UnknownRule,
+            (true, None) => RolledBack::UnknownVersion,
+            (true, Some("deleted")) => RolledBack::DeletionVersion,
+            (true, Some(_)) => RolledBack::Stale { current: current.map(stored_version).transpose()? },
+        })
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(rule = %id))]
+    async fn get(&self, id: &RuleId) -> Result<Option<Rule>, RepositoryError> {
+        let row = sqlx::query(GET).bind(id.as_str()).fetch_optional(&self.pool).await.map_err(unavailable)?;
+        row.as_ref().map(rule_from_row).transpose()
+    }
+
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn list(&self, scope: Option<Scope>) -> Result<Vec<Rule>, RepositoryError> {
+        let rows = sqlx::query(LIST)
+            .bind(scope.map(Scope::as_str))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        rows.iter().map(rule_from_row).collect()
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(rule = %id))]
+    async fn history(&self, id: &RuleId) -> Result<Vec<RuleVersion>, RepositoryError> {
+        let rows = sqlx::query(HISTORY).bind(id.as_str()).fetch_all(&self.pool).await.map_err(unavailable)?;
+        rows.iter().map(version_from_row).collect()
+    }
+
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn load(&self) -> Result<(i64, Vec<Rule>), RepositoryError> {
+        // Two reads that must agree: one snapshot of the database for both.
+        let mut transaction = self.pool.begin().await.map_err(unavailable)?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .execute(&mut *transaction)
+            .await
+            .map_err(unavailable)?;
+        let revision: i64 =
+            sqlx::query_scalar(REVISION).fetch_one(&mut *transaction).await.map_err(unavailable)?;
+        let rows =
+            sqlx::query(LIST).bind(None::<&str>).fetch_all(&mut *transaction).await.map_err(unavailable)?;
+        transaction.commit().await.map_err(unavailable)?;
+        Ok((revision, rows.iter().map(rule_from_row).collect::<Result<_, _>>()?))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn revision(&self) -> Result<i64, RepositoryError> {
+        sqlx::query_scalar(REVISION).fetch_one(&self.pool).await.map_err(unavailable)
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(counts = counts.len()))]
+    async fn add_usage(&self, counts: &[UsageCount]) -> Result<(), RepositoryError> {
+        let rule_ids: Vec<&str> = counts.iter().map(|count| count.rule.as_str()).collect();
+        let minutes: Vec<DateTime<Utc>> = counts.iter().map(|count| count.minute).collect();
+        let granted: Vec<i64> = counts.iter().map(|c| count(c.granted)).collect();
+        let refused: Vec<i64> = counts.iter().map(|c| count(c.refused)).collect();
+        let shadow_refused: Vec<i64> = counts.iter().map(|c| count(c.shadow_refused)).collect();
+        sqlx::query(ADD_USAGE)
+            .bind(rule_ids)
+            .bind(minutes)
+            .bind(granted)
+            .bind(refused)
+            .bind(shadow_refused)
+            .execute(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(rule = %id))]
+    async fn usage(&self, id: &RuleId, since: DateTime<Utc>) -> Result<Vec<UsageMinute>, RepositoryError> {
+        let rows = sqlx::query(USAGE)
+            .bind(id.as_str())
+            .bind(since)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        rows.iter()
+            .map(|row| {
+                Ok(UsageMinute {
+                    minute: row.try_get("minute").map_err(unavailable)?,
+                    granted: stored_count(row, "granted")?,
+                    refused: stored_count(row, "refused")?,
+                    shadow_refused: stored_count(row, "shadow_refused")?,
+                })
+            })
+            .collect()
+    }
+
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn prune_usage(&self, before: DateTime<Utc>) -> Result<u64, RepositoryError> {
+        let done = sqlx::query(PRUNE_USAGE).bind(before).execute(&self.pool).await.map_err(unavailable)?;
+        Ok(done.rows_affected())
+    }
+}
