@@ -62,6 +62,8 @@ struct Args {
     /// Coalesce concurrent takes (the store's default); without it every take is a statement
     /// of its own, as before coalescing.
     coalesce: bool,
+    /// Overrides [`Coalescing::DEFAULT`]'s calls on the wire at once (with `--coalesce`).
+    max_in_flight: Option<usize>,
 }
 
 const WORKLOADS: [Workload; 4] = [Workload::Random, Workload::Hot, Workload::Refused, Workload::Pair];
@@ -79,6 +81,7 @@ fn parse_args() -> Args {
         synchronous_commit: "off".into(),
         setup_only: false,
         coalesce: false,
+        max_in_flight: None,
     };
     let mut words = std::env::args().skip(1);
     while let Some(word) = words.next() {
@@ -91,6 +94,7 @@ fn parse_args() -> Args {
             "--seconds" => args.seconds = value().parse().unwrap(),
             "--synchronous-commit" => args.synchronous_commit = value(),
             "--coalesce" => args.coalesce = true,
+            "--max-in-flight" => args.max_in_flight = Some(value().parse().unwrap()),
             // cargo bench passes --bench to every bench target.
             "--bench" => {}
             other => panic!("unknown argument {other:?}"),
@@ -222,7 +226,11 @@ async fn measure(args: &Args, workload: Workload, clients: usize) -> Row {
     // 256 callers share them.
     let pool =
         PgPoolOptions::new().max_connections(clients.min(64) as u32).connect_with(options).await.unwrap();
-    let coalescing = if args.coalesce { Coalescing::DEFAULT } else { Coalescing::OFF };
+    let coalescing = match (args.coalesce, args.max_in_flight) {
+        (false, _) => Coalescing::OFF,
+        (true, None) => Coalescing::DEFAULT,
+        (true, Some(max_in_flight)) => Coalescing { max_in_flight, ..Coalescing::DEFAULT },
+    };
     let store = Store::new(pool.clone()).with_coalescing(coalescing);
     let nodes = Arc::new(keys(&pool, "ingest_node").await);
     let domains = Arc::new(keys(&pool, "ingest_domain").await);
