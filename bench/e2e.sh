@@ -11,7 +11,8 @@
 # come from the same machine in the same minutes; BASELINE= skips it.
 #
 # Knobs: DATABASE_ADMIN_URL, DURATION (10s), CONNECTIONS (64), NODES (64), DOMAINS (4),
-# BASELINE (98bb712).
+# BASELINE (98bb712), BASELINE_TARGET_DIR (the baseline's cargo target directory; default a
+# temporary one, so every run builds it afresh: name a lasting one to build it once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,7 +50,8 @@ if [ -n "$baseline" ]; then
     baseline_tree="$work/baseline"
     git worktree add -q --detach "$baseline_tree" "$baseline"
     # Its own target directory, so the two builds never share (or clobber) artefacts.
-    (cd "$baseline_tree" && CARGO_TARGET_DIR="$work/baseline-target" cargo build -q --release -p app --bin plexsphere)
+    baseline_target="${BASELINE_TARGET_DIR:-$work/baseline-target}"
+    (cd "$baseline_tree" && CARGO_TARGET_DIR="$baseline_target" cargo build -q --release -p app --bin plexsphere)
 fi
 
 json_field() { sed 's/.*"'"$1"'":"\([^"]*\)".*/\1/'; }
@@ -147,5 +149,5 @@ measure() {
 printf '%-40s %10s %10s %10s %12s %22s\n' request req/s p50 p99 non-2xx statements/request
 measure "this tree" ./target/release/plexsphere
 if [ -n "$baseline" ]; then
-    measure "$baseline" "$work/baseline-target/release/plexsphere"
+    measure "$baseline" "$baseline_target/release/plexsphere"
 fi

@@ -7,12 +7,14 @@
 //! them in order exactly as one at a time. There is no timer: a lone take is sent at once, as
 //! itself (take.sql or the pair function), and pays only a task hand-off.
 //!
-//! The calls run on tasks of their own ("drivers"), at most a few at a time, each looping
-//! while the queue is not empty. A caller waits for its answer on a channel; one whose
+//! The calls run on tasks of their own ("drivers"), each looping while the queue is not
+//! empty: one while the queue is short, more (up to `max_in_flight`) once a whole call's
+//! worth waits. A take of a bucket already on the wire waits for the next call rather than
+//! race it to the row lock. A caller waits for its answer on a channel; one whose
 //! deadline passes stops waiting and nobody else notices: its take, if not yet sent, is
 //! dropped from the queue, and if already sent is decided with the rest of its call.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
@@ -47,8 +49,9 @@ pub struct Coalescing {
 
 impl Coalescing {
     /// What a store does unless told otherwise: up to 64 takes a call (PERF-NOTES.md: 79k
-    /// takes a second at 64 a statement on this machine), two calls at once (one per core of
-    /// the database's machine here; BENCHMARKS.md section 6 has the figures).
+    /// takes a second at 64 a statement on this machine), and a second call beside the first
+    /// when a whole call's worth is waiting (one call per core of the database's machine
+    /// here; BENCHMARKS.md section 6 has the figures).
     pub const DEFAULT: Coalescing = Coalescing { max_batch: 64, max_in_flight: 2 };
 
     /// Every take its own statement, at once: the store before coalescing, for comparison.
@@ -65,6 +68,53 @@ struct Queued {
 struct State {
     queue: VecDeque<Queued>,
     drivers: usize,
+    /// The buckets of the calls on the wire. A take of one of them waits for the next call
+    /// instead of going in a call of its own beside it: that call would only wait for the row
+    /// lock and the commit of the first, one hot bucket's takes would go as many small calls
+    /// each paying a commit under the lock, and they are worth more together (BENCHMARKS.md
+    /// section 6: one hot bucket at 16 callers, 2,924 takes a second with two calls at once
+    /// against 8,304 with one).
+    in_flight: HashSet<(Scope, Key)>,
+}
+
+impl State {
+    /// The next call: the queued takes in order, at most `max_batch`, without those whose
+    /// caller stopped waiting (a take whose caller stopped waiting is not sent: its request was
+    /// already answered without it, and under a slow database this is what lets the queue
+    /// drain instead of spending budgets for requests nobody waits on). A take of a bucket on
+    /// the wire stays queued, and so does every later take of any of its buckets, so each
+    /// bucket's takes are still decided in queue order.
+    fn next_batch(&mut self, max_batch: usize) -> Vec<Queued> {
+        let mut batch = Vec::with_capacity(self.queue.len().min(max_batch));
+        let mut held_back: Vec<Queued> = Vec::new();
+        let mut blocked: HashSet<(Scope, Key)> = HashSet::new();
+        while batch.len() < max_batch {
+            let Some(queued) = self.queue.pop_front() else { break };
+            if queued.answer.is_closed() {
+                continue;
+            }
+            let buckets = buckets(queued.statement);
+            if buckets
+                .iter()
+                .flatten()
+                .any(|bucket| self.in_flight.contains(bucket) || blocked.contains(bucket))
+            {
+                blocked.extend(buckets.into_iter().flatten());
+                held_back.push(queued);
+            } else {
+                batch.push(queued);
+            }
+        }
+        for queued in held_back.into_iter().rev() {
+            self.queue.push_front(queued);
+        }
+        batch
+    }
+}
+
+/// The buckets a take debits.
+fn buckets(statement: Statement) -> [Option<(Scope, Key)>; 2] {
+    sides(statement).map(|side| side.map(|spend| (spend.scope, spend.key)))
 }
 
 /// The queue and its drivers.
@@ -80,7 +130,11 @@ impl Coalescer {
             max_batch: coalescing.max_batch.max(1),
             max_in_flight: coalescing.max_in_flight.max(1),
         };
-        Coalescer { takes, coalescing, state: Mutex::new(State { queue: VecDeque::new(), drivers: 0 }) }
+        Coalescer {
+            takes,
+            coalescing,
+            state: Mutex::new(State { queue: VecDeque::new(), drivers: 0, in_flight: HashSet::new() }),
+        }
     }
 
     pub(crate) fn coalescing(&self) -> Coalescing {
@@ -98,7 +152,15 @@ impl Coalescer {
         let start_driver = {
             let mut state = self.lock();
             state.queue.push_back(Queued { statement, now, answer });
-            let start = state.drivers < self.coalescing.max_in_flight;
+            // With nothing on the wire the take goes at once. Otherwise it waits for a call to
+            // return, unless a whole call's worth is waiting: a second call beside the first
+            // only pays when the database has room for it, and one started for a few takes
+            // splits the queue into small calls that each pay a commit. A take of a bucket on
+            // the wire goes in the call after it: its driver sends it.
+            let start = state.drivers == 0
+                || (state.drivers < self.coalescing.max_in_flight
+                    && state.queue.len() >= self.coalescing.max_batch
+                    && !buckets(statement).iter().flatten().any(|bucket| state.in_flight.contains(bucket)));
             if start {
                 state.drivers += 1;
             }
@@ -111,32 +173,20 @@ impl Coalescer {
         answered.await.unwrap_or(Err(Error::Database(sqlx::Error::PoolClosed)))
     }
 
-    /// Sends the queue, call after call, until it is empty. The check for "empty" and the
-    /// driver count change under one lock, so a take queued meanwhile is always picked up.
+    /// Sends the queue, call after call, until nothing in it can go. The check for "nothing"
+    /// and the driver count change under one lock, so a take queued meanwhile is always picked
+    /// up: by this driver, or by the one whose call holds its bucket.
     async fn drive(self: Arc<Self>) {
         loop {
-            let batch: Vec<Queued> = {
+            let (batch, on_the_wire) = {
                 let mut state = self.lock();
-                if state.queue.is_empty() {
-                    state.drivers -= 1;
-                    return;
-                }
-                // A take whose caller stopped waiting is not sent: its request was already
-                // answered without it, and under a slow database this is what lets the queue
-                // drain instead of spending budgets for requests nobody waits on.
-                let mut batch = Vec::with_capacity(state.queue.len().min(self.coalescing.max_batch));
-                while batch.len() < self.coalescing.max_batch {
-                    match state.queue.pop_front() {
-                        Some(queued) if queued.answer.is_closed() => continue,
-                        Some(queued) => batch.push(queued),
-                        None => break,
-                    }
-                }
+                let batch = state.next_batch(self.coalescing.max_batch);
                 if batch.is_empty() {
                     state.drivers -= 1;
                     return;
                 }
-                batch
+                let on_the_wire = OnTheWire::new(&self, &mut state, &batch);
+                (batch, on_the_wire)
             };
             let statements: Vec<(Statement, DateTime<Utc>)> =
                 batch.iter().map(|queued| (queued.statement, queued.now)).collect();
@@ -154,12 +204,51 @@ impl Coalescer {
                     }
                 }
             }
+            drop(on_the_wire);
+            // One turn of the runtime before the next call: the callers just answered run,
+            // and those that take again (the next request of a busy connection) join it
+            // instead of waiting a whole call behind it. Not a timer: nothing waits when no
+            // task is ready, and a lone take never comes here before it is sent.
+            tokio::task::yield_now().await;
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // Between statements the queue and the count are whole; a panic cannot tear them.
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A driver's call on the wire: its buckets are in `State::in_flight` until it is dropped,
+/// after the answers, or while unwinding from a panic (which also ends the driver, so another
+/// is started when takes are left).
+struct OnTheWire<'a> {
+    coalescer: &'a Arc<Coalescer>,
+    buckets: Vec<(Scope, Key)>,
+}
+
+impl<'a> OnTheWire<'a> {
+    fn new(coalescer: &'a Arc<Coalescer>, state: &mut State, batch: &[Queued]) -> OnTheWire<'a> {
+        let buckets: Vec<(Scope, Key)> =
+            batch.iter().flat_map(|queued| buckets(queued.statement)).flatten().collect();
+        state.in_flight.extend(buckets.iter().copied());
+        OnTheWire { coalescer, buckets }
+    }
+}
+
+impl Drop for OnTheWire<'_> {
+    fn drop(&mut self) {
+        let mut state = self.coalescer.lock();
+        for bucket in &self.buckets {
+            state.in_flight.remove(bucket);
+        }
+        if std::thread::panicking() {
+            state.drivers -= 1;
+            if !state.queue.is_empty() && state.drivers < self.coalescer.coalescing.max_in_flight {
+                state.drivers += 1;
+                tokio::spawn(self.coalescer.clone().drive());
+            }
+        }
     }
 }
 
@@ -398,4 +487,85 @@ pub(crate) fn refused(spend: Spend, which: Which, judged: Option<Fill>, now: Dat
     let basis = judged.unwrap_or(Fill { tokens: 0.0, refilled_at: now });
     let retry_after = spend.limit.time_to_cover(basis, spend.cost, now);
     Decision::Refused(Refusal { which, retry_after, judged, tat: None })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Limit;
+
+    fn spend(scope: Scope, key: u128) -> Spend {
+        Spend::new(scope, Key::from(uuid::Uuid::from_u128(key)), 1.0, Limit::new(1.0, 10.0).unwrap())
+    }
+
+    fn single(key: u128) -> Statement {
+        Statement::Single { spend: spend(Scope::IngestNode, key), which: Which::First }
+    }
+
+    fn pair(node: u128, domain: u128) -> Statement {
+        Statement::Pair { first: spend(Scope::IngestNode, node), second: spend(Scope::IngestDomain, domain) }
+    }
+
+    /// A state whose queue holds `statements` in order (each with a caller still waiting, its
+    /// receiver returned) and whose calls on the wire hold `in_flight`.
+    fn state(
+        statements: &[Statement],
+        in_flight: &[Statement],
+    ) -> (State, Vec<oneshot::Receiver<Result<Decision, Error>>>) {
+        let mut receivers = Vec::new();
+        let queue = statements
+            .iter()
+            .map(|statement| {
+                let (answer, answered) = oneshot::channel();
+                receivers.push(answered);
+                Queued { statement: *statement, now: Utc::now(), answer }
+            })
+            .collect();
+        let in_flight = in_flight.iter().flat_map(|statement| buckets(*statement)).flatten().collect();
+        (State { queue, drivers: 1, in_flight }, receivers)
+    }
+
+    fn keys(queued: &[Queued]) -> Vec<[Option<(Scope, Key)>; 2]> {
+        queued.iter().map(|queued| buckets(queued.statement)).collect()
+    }
+
+    #[test]
+    fn a_call_takes_the_queue_in_order_up_to_its_maximum() {
+        let (mut state, _callers) = state(&[single(1), single(2), single(1), single(3)], &[]);
+        let batch = state.next_batch(3);
+        assert_eq!(keys(&batch), keys_of(&[single(1), single(2), single(1)]));
+        assert_eq!(keys(state.queue.make_contiguous()), keys_of(&[single(3)]));
+    }
+
+    #[test]
+    fn takes_of_a_bucket_on_the_wire_wait_and_so_do_later_takes_of_their_buckets() {
+        // Node 1 is on the wire: its takes wait, and the pair (1, 9) waiting makes the later
+        // pair (8, 9) wait behind it for domain 9. The pair (7, 9) came before them, so it
+        // goes, and so do node 2 and node 7, which nothing waiting touches.
+        let queue = [single(1), pair(7, 9), single(2), pair(1, 9), pair(8, 9), single(7)];
+        let (mut state, _callers) = state(&queue, &[single(1)]);
+        let batch = state.next_batch(64);
+        assert_eq!(keys(&batch), keys_of(&[pair(7, 9), single(2), single(7)]));
+        assert_eq!(keys(state.queue.make_contiguous()), keys_of(&[single(1), pair(1, 9), pair(8, 9)]));
+    }
+
+    #[test]
+    fn a_take_whose_caller_stopped_waiting_is_not_sent() {
+        let (mut state, mut callers) = state(&[single(1), single(2), single(3)], &[]);
+        callers[1].close();
+        let batch = state.next_batch(64);
+        assert_eq!(keys(&batch), keys_of(&[single(1), single(3)]));
+        assert!(state.queue.is_empty());
+    }
+
+    #[test]
+    fn when_everything_waits_for_the_wire_the_call_is_empty_and_the_queue_intact() {
+        let (mut state, _callers) = state(&[single(1), single(1)], &[single(1)]);
+        assert!(state.next_batch(64).is_empty());
+        assert_eq!(state.queue.len(), 2);
+    }
+
+    fn keys_of(statements: &[Statement]) -> Vec<[Option<(Scope, Key)>; 2]> {
+        statements.iter().map(|statement| buckets(*statement)).collect()
+    }
 }
