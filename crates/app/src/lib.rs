@@ -6,6 +6,7 @@ pub mod budgets;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod fill;
 pub mod http;
 pub mod leader;
 pub mod limits;

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::budgets::{self, RuleBudgets, RuleRefs, Sources};
 use crate::clock::{self, ClockStatus, TimeSource};
 use crate::config::Config;
+use crate::fill::FillHistory;
 use crate::http::{self, AppState, CredentialCache, OperatorTokens};
 use crate::leader::{self, LeaderTiming, Leadership};
 use crate::limits::{ClockGate, DecisionObserver};
@@ -86,13 +87,14 @@ impl Application {
         let store = Store::new(limiter_pool(&config)).with_coalescing(config.coalescing);
         let rule_refs = RuleRefs::default();
         let usage = Arc::new(Usage::default());
+        let fill = FillHistory::new();
         let guard = Arc::new(Guard::new(
             Arc::new(store.clone()),
             GuardConfig {
                 decision_timeout: config.decision_timeout,
                 capacity: GuardConfig::DEFAULT_CAPACITY,
             },
-            Arc::new(DecisionObserver::new(metrics.clone(), usage.clone(), rule_refs.clone())),
+            Arc::new(DecisionObserver::new(metrics.clone(), usage.clone(), rule_refs.clone(), fill.clone())),
         ));
         let rule_budgets = Arc::new(RuleBudgets::new(&config, guard.clone(), rule_refs.clone()));
         // Background work gets a pool of its own so it never takes a request's connection:
@@ -189,6 +191,8 @@ impl Application {
             decision_clock: time.clock.clone(),
             rules: RulesService::new(Arc::new(PgRulesRepository::new(api_pool.clone()))),
             rule_budgets: rule_budgets.clone(),
+            fill,
+            leader: leader::LeaderLookup::new(api_pool.clone()),
         };
 
         let state_pools = (api_pool, store.clone(), background_pool.clone());
