@@ -32,3 +32,4 @@ mod rules_store;
 mod secrets_adapters;
 mod support;
 mod ui_api;
+mod ui_chromium;

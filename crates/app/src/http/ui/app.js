@@ -163,33 +163,34 @@
     $("decisions").tBodies[0].replaceWith(body);
   }
 
-  // A sparkline of the levels this replica's decisions left, slot by slot, over the window
-  // (0 at the bottom, the burst at the top); the dashed line is each slot's lowest level.
+  // The levels this replica's decisions left, one bar per slot over the window (empty at the
+  // bottom, the burst at the top): a bar's top is the level the slot's last decision left,
+  // its tick the lowest level of the slot; a slot with refusals is drawn in the refusal
+  // colour.
   function sparkline(bucket, fill) {
     const width = 240;
     const height = 36;
     const chart = svg("svg", { class: "spark", width: width, height: height, viewBox: "0 0 " + width + " " + height, role: "img" });
     const end = Date.parse(fill.now);
     const start = end - fill.window_seconds * 1000;
-    const x = (at) => Math.max(0, Math.min(width, ((Date.parse(at) - start) / (end - start)) * width));
-    const y = (tokens) => height - 2 - Math.max(0, Math.min(1, tokens / bucket.burst)) * (height - 4);
+    const slotWidth = (fill.slot_seconds / fill.window_seconds) * width;
+    const x = (at) => Math.max(0, Math.min(width - slotWidth, ((Date.parse(at) - start) / (end - start)) * width));
+    const y = (tokens) => height - 1 - Math.max(0, Math.min(1, tokens / bucket.burst)) * (height - 2);
     if (bucket.history.length === 0) {
       const label = svg("text", { x: 6, y: height / 2 + 3 });
       label.textContent = "no decisions here in the window";
       chart.append(label);
       return chart;
     }
-    const slot = fill.slot_seconds * 1000;
-    const points = [];
-    const lows = [];
     for (const sample of bucket.history) {
       const left = x(sample.at);
-      const right = x(new Date(Date.parse(sample.at) + slot).toISOString());
-      points.push(left + "," + y(sample.tokens), right + "," + y(sample.tokens));
-      lows.push(left + "," + y(sample.min_tokens), right + "," + y(sample.min_tokens));
+      const top = y(sample.tokens);
+      chart.append(svg("rect", {
+        class: sample.refused > 0 ? "slot refused" : "slot",
+        x: left, y: top, width: Math.max(1.5, slotWidth - 0.8), height: Math.max(1, height - 1 - top),
+      }));
+      chart.append(svg("rect", { class: "low", x: left, y: y(sample.min_tokens), width: Math.max(1.5, slotWidth - 0.8), height: 1.2 }));
     }
-    chart.append(svg("polyline", { class: "min", points: lows.join(" ") }));
-    chart.append(svg("polyline", { class: "level", points: points.join(" ") }));
     return chart;
   }
 
