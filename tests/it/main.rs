@@ -21,6 +21,7 @@ mod faults_database;
 mod faults_history;
 mod faults_http;
 mod faults_leader;
+mod grafana_dashboard;
 mod guard;
 mod ingest_adapters;
 mod migrations;
