@@ -26,6 +26,7 @@ mod guard;
 mod ingest_adapters;
 mod migrations;
 mod named_limits;
+mod otlp_export;
 mod ratebudget_store;
 mod rules_api;
 mod rules_enforcement;

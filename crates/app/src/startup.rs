@@ -20,6 +20,7 @@ use crate::http::{self, AppState, CredentialCache, OperatorTokens};
 use crate::leader::{self, LeaderTiming, Leadership};
 use crate::limits::{ClockGate, DecisionObserver};
 use crate::metrics::Metrics;
+use crate::otlp::OtlpExport;
 use crate::usage::{self, Usage};
 use crate::{revocations, sweep};
 
@@ -71,6 +72,7 @@ pub struct Application {
     rules: JoinHandle<()>,
     usage: JoinHandle<()>,
     limiter_store: Store,
+    otlp: Option<OtlpExport>,
 }
 
 impl Application {
@@ -82,6 +84,12 @@ impl Application {
     pub async fn build(config: Config, wiring: Wiring) -> anyhow::Result<Application> {
         let metrics = Metrics::new();
         let shutdown = CancellationToken::new();
+        let otlp = config
+            .otlp
+            .as_ref()
+            .map(|otlp| OtlpExport::start(otlp, metrics.clone()))
+            .transpose()
+            .context("failed to start the OTLP metrics export")?;
 
         let api_pool = request_pool(&config);
         let store = Store::new(limiter_pool(&config)).with_coalescing(config.coalescing);
@@ -268,6 +276,7 @@ impl Application {
             rules,
             usage,
             limiter_store: store,
+            otlp,
         })
     }
 
@@ -309,6 +318,7 @@ impl Application {
             mut rules,
             mut usage,
             limiter_store,
+            otlp,
             ..
         } = self;
         let (mut server_result, mut elector_done, mut sweeper_done) = (None, false, false);
@@ -388,6 +398,10 @@ impl Application {
         // After the server: every request has been decided, so the last flush counts them all.
         if !usage_done {
             let _ = usage.await;
+        }
+        // Every decision is counted: the collector gets the last counts.
+        if let Some(otlp) = otlp {
+            otlp.stop().await;
         }
         // No request is in flight any more: say goodbye to the server on the take connections.
         limiter_store.close().await;
