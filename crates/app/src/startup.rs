@@ -84,12 +84,6 @@ impl Application {
     pub async fn build(config: Config, wiring: Wiring) -> anyhow::Result<Application> {
         let metrics = Metrics::new();
         let shutdown = CancellationToken::new();
-        let otlp = config
-            .otlp
-            .as_ref()
-            .map(|otlp| OtlpExport::start(otlp, metrics.clone()))
-            .transpose()
-            .context("failed to start the OTLP metrics export")?;
 
         let api_pool = request_pool(&config);
         let store = Store::new(limiter_pool(&config)).with_coalescing(config.coalescing);
@@ -208,6 +202,14 @@ impl Application {
             .await
             .with_context(|| format!("failed to listen on {}", config.listen))?;
         let local_addr = listener.local_addr()?;
+        // After the bind, the other step that can fail, and before the loops start: an export
+        // dropped by a failed build would push once more, blocking the runtime meanwhile.
+        let otlp = config
+            .otlp
+            .as_ref()
+            .map(|otlp| OtlpExport::start(otlp, metrics.clone()))
+            .transpose()
+            .context("failed to start the OTLP metrics export")?;
         // In-flight requests finish (within the grace) before this returns.
         let server = tokio::spawn(http::server::serve(
             listener,
