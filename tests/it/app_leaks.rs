@@ -69,6 +69,9 @@ async fn no_token_secret_value_or_key_reaches_the_logs_error_bodies_or_metrics(
     answers.push(
         replica.request(Method::POST, "/v1/ingest", Some(&token), Some(value.clone().into_bytes())).await,
     );
+    // The operator page's views name Nodes and Domains and count decisions, never a token.
+    answers.push(as_alice(Method::GET, "/v1/status".into(), None).await);
+    answers.push(as_alice(Method::GET, format!("/v1/fill/{node}"), None).await);
     for bearer in
         [format!("{token}x"), token[..token.len() - 1].to_owned(), format!("{alice}x"), alice[1..].to_owned()]
     {

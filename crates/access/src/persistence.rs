@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use crate::{
     AccessRepository, AuthenticatedNode, BoxError, Domain, DomainId, DomainName, IssuanceLimitError, Limiter,
-    Node, NodeId, RepositoryError, Tier, TierDirectory, TokenHash,
+    Node, NodeId, NodeName, RepositoryError, Tier, TierDirectory, TokenHash,
 };
 
 /// The PostgreSQL channel a deleted Node is announced on, with its id as the payload (`*` when
@@ -79,6 +79,11 @@ SELECT revision.revision, domains.id, domains.tier
 FROM plexsphere.domain_tier_revision AS revision
 LEFT JOIN plexsphere.domains AS domains
     ON domains.tier <> $1";
+
+const FIND_NODE: &str = "\
+SELECT id, domain_id, name
+FROM plexsphere.nodes
+WHERE id = $1";
 
 const TIER_REVISION: &str = "\
 SELECT revision
@@ -169,6 +174,25 @@ impl AccessRepository for PgAccessRepository {
     #[tracing::instrument(level = "debug", skip_all)]
     async fn tier_revision(&self) -> Result<i64, RepositoryError> {
         sqlx::query_scalar(TIER_REVISION).fetch_one(&self.pool).await.map_err(unavailable)
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(node = %id))]
+    async fn find_node(&self, id: NodeId) -> Result<Option<Node>, RepositoryError> {
+        let row: Option<(Uuid, Uuid, String)> = sqlx::query_as(FIND_NODE)
+            .bind(id.as_uuid())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        // The table's CHECK mirrors the model's rule, as for Domains: a name that does not
+        // parse is the store failing to answer, not a Node.
+        row.map(|(id, domain_id, name)| {
+            Ok(Node {
+                id: id.into(),
+                domain_id: domain_id.into(),
+                name: NodeName::parse(name).map_err(unavailable)?,
+            })
+        })
+        .transpose()
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(node = %node.id, domain = %node.domain_id))]

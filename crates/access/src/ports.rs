@@ -63,6 +63,13 @@ pub trait AccessRepository: Send + Sync {
     /// [`RepositoryError`] MUST be returned when the store could not answer.
     async fn tier_revision(&self) -> Result<i64, RepositoryError>;
 
+    /// The Node with this id, or `None` when there is none.
+    ///
+    /// # Errors
+    /// [`RepositoryError`] MUST be returned when the store could not answer or holds a Node
+    /// that does not validate; a missing Node MUST be `Ok(None)`, never an error.
+    async fn find_node(&self, id: NodeId) -> Result<Option<Node>, RepositoryError>;
+
     /// Stores a new Node with the hash of its credential.
     ///
     /// # Errors

@@ -72,6 +72,15 @@ impl AccessService {
         self.repository.find_domain(id).await
     }
 
+    /// The Node with this id, or `None` when there is none.
+    ///
+    /// # Errors
+    /// [`RepositoryError`] when the store could not answer.
+    #[tracing::instrument(level = "debug", skip_all, fields(node = %id))]
+    pub async fn find_node(&self, id: NodeId) -> Result<Option<Node>, RepositoryError> {
+        self.repository.find_node(id).await
+    }
+
     /// Enrols a Node into a Domain and issues its credential, spending one issuance from the
     /// Domain's budget.
     ///

@@ -105,6 +105,11 @@ pub const RULES_POLL_INTERVAL_MS: &str = "PLEXSPHERE_RULES_POLL_INTERVAL_MS";
 /// `PLEXSPHERE_RULE_USAGE_FLUSH_INTERVAL_MS`: how often a replica adds the decisions it
 /// counted per rule to the usage rows.
 pub const RULE_USAGE_FLUSH_INTERVAL_MS: &str = "PLEXSPHERE_RULE_USAGE_FLUSH_INTERVAL_MS";
+/// `PLEXSPHERE_OTLP_ENDPOINT`: the OpenTelemetry collector metrics are pushed to, over
+/// OTLP/HTTP; empty (the default) exports nothing.
+pub const OTLP_ENDPOINT: &str = "PLEXSPHERE_OTLP_ENDPOINT";
+/// `PLEXSPHERE_OTLP_INTERVAL_MS`: how often metrics are pushed there.
+pub const OTLP_INTERVAL_MS: &str = "PLEXSPHERE_OTLP_INTERVAL_MS";
 
 /// What a scope does when the shared store cannot answer, as a knob spells it; a rule's own
 /// fail mode overrides it for the Domains the rule governs.
@@ -276,6 +281,14 @@ pub struct Knobs {
     /// rows, in one statement (50 to 600000).
     #[arg(long, env = RULE_USAGE_FLUSH_INTERVAL_MS, default_value_t = 10_000)]
     pub rule_usage_flush_interval_ms: u64,
+    /// The OpenTelemetry collector to push metrics to over OTLP/HTTP (protobuf), as its base
+    /// URL, `http://host:4318`: `ratelimit.decisions` and `ratelimit.fallbacks` go to
+    /// `<it>/v1/metrics`. Plain HTTP only (run a collector beside the replica); empty: none.
+    #[arg(long, env = OTLP_ENDPOINT, default_value = "")]
+    pub otlp_endpoint: String,
+    /// How often metrics are pushed to PLEXSPHERE_OTLP_ENDPOINT (100 to 3600000).
+    #[arg(long, env = OTLP_INTERVAL_MS, default_value_t = 60_000)]
+    pub otlp_interval_ms: u64,
 }
 
 impl Knobs {
@@ -509,6 +522,8 @@ pub struct Config {
     pub rules_poll_interval: Duration,
     /// How often the replica flushes its rule usage counts.
     pub rule_usage_flush_interval: Duration,
+    /// Where and how often metrics are pushed over OTLP, if anywhere.
+    pub otlp: Option<crate::otlp::OtlpConfig>,
 }
 
 impl std::fmt::Debug for Config {
@@ -538,6 +553,7 @@ impl std::fmt::Debug for Config {
             .field("max_clock_skew", &self.max_clock_skew)
             .field("rules_poll_interval", &self.rules_poll_interval)
             .field("rule_usage_flush_interval", &self.rule_usage_flush_interval)
+            .field("otlp", &self.otlp)
             .finish()
     }
 }
@@ -553,7 +569,7 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    fn new(knob: &'static str, problem: impl Into<String>) -> ConfigError {
+    pub(crate) fn new(knob: &'static str, problem: impl Into<String>) -> ConfigError {
         ConfigError { knob, problem: problem.into() }
     }
 }
@@ -665,6 +681,7 @@ impl Config {
         if !(50..=600_000).contains(&knobs.rule_usage_flush_interval_ms) {
             return Err(ConfigError::new(RULE_USAGE_FLUSH_INTERVAL_MS, "must be between 50 and 600000"));
         }
+        let otlp = crate::otlp::OtlpConfig::from_knobs(&knobs.otlp_endpoint, knobs.otlp_interval_ms)?;
 
         Ok(Config {
             database,
@@ -687,6 +704,7 @@ impl Config {
             max_clock_skew: Duration::from_millis(knobs.max_clock_skew_ms),
             rules_poll_interval: Duration::from_millis(knobs.rules_poll_interval_ms),
             rule_usage_flush_interval: Duration::from_millis(knobs.rule_usage_flush_interval_ms),
+            otlp,
         })
     }
 }

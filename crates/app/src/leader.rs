@@ -90,6 +90,61 @@ pub fn spawn(
     (Leadership { leading }, task)
 }
 
+/// Who holds the leader lock, as the database's own tables tell it: what the operator page
+/// shows beside this replica's own view. Any replica can ask, leader or not.
+#[derive(Clone, Debug)]
+pub struct LeaderLookup {
+    pool: sqlx::PgPool,
+}
+
+/// The session holding the leader lock.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LeaderSession {
+    /// Its server process id.
+    pub pid: i32,
+    /// The address the replica connected from (`None` over a Unix socket, or where the
+    /// database user may not see other users' sessions).
+    pub client_addr: Option<String>,
+    /// When the session started: leadership began at most this long ago, and at least a
+    /// follower poll after it.
+    pub session_started_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// The leader lock's holder. An advisory lock on a bigint key is listed in `pg_locks` with the
+/// key's high 32 bits as `classid`, its low 32 bits as `objid`, and `objsubid` 1.
+const LEADER_HOLDER: &str = "\
+SELECT locks.pid, host(activity.client_addr) AS client_addr, activity.backend_start
+FROM pg_catalog.pg_locks AS locks
+LEFT JOIN pg_catalog.pg_stat_activity AS activity
+    ON activity.pid = locks.pid
+WHERE locks.locktype = 'advisory'
+  AND locks.granted
+  AND locks.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
+  AND locks.classid = ($1 >> 32)::oid
+  AND locks.objid = ($1 & 4294967295)::oid
+  AND locks.objsubid = 1";
+
+impl LeaderLookup {
+    /// Asks on `pool`.
+    pub fn new(pool: sqlx::PgPool) -> LeaderLookup {
+        LeaderLookup { pool }
+    }
+
+    /// The session holding the leader lock now, or `None` when no replica leads.
+    ///
+    /// # Errors
+    /// When the database does not answer.
+    pub async fn holder(&self) -> Result<Option<LeaderSession>, sqlx::Error> {
+        let row: Option<(i32, Option<String>, Option<chrono::DateTime<chrono::Utc>>)> =
+            sqlx::query_as(LEADER_HOLDER).bind(LEADER_LOCK_KEY).fetch_optional(&self.pool).await?;
+        Ok(row.map(|(pid, client_addr, session_started_at)| LeaderSession {
+            pid,
+            client_addr,
+            session_started_at,
+        }))
+    }
+}
+
 /// How long the server keeps the leader's session when the replica stops acknowledging
 /// anything: above the 5 s in which a cut-off leader steps down, below the 15 s in which a
 /// successor must lead.

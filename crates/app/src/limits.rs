@@ -2,8 +2,8 @@
 //! knowing: a gate that does not decide at all while this replica's clock cannot be trusted
 //! (`crate::clock`; such a take is an error, HTTP 500, never a refusal), and the guard's
 //! observer, which counts decisions by scope and outcome (and by rule, for the usage rows),
-//! logs what shadow rules would have refused, and records the `RateLimit` fields of the
-//! response.
+//! logs what shadow rules would have refused, records the `RateLimit` fields of the
+//! response, and keeps each bucket's recent levels for the operator page ([`crate::fill`]).
 //!
 //! The limiters decide through a [`ratebudget::Guard`], which tells its [`Observer`] about
 //! each decision on the deciding request's own task.
@@ -18,6 +18,7 @@ use smallvec::SmallVec;
 
 use crate::budgets::RuleRefs;
 use crate::clock::ClockStatus;
+use crate::fill::FillHistory;
 use crate::http::rate_limit_headers;
 use crate::metrics::{Metrics, Outcome};
 use crate::usage::{Counted, Usage};
@@ -86,18 +87,46 @@ pub struct DecisionObserver {
     metrics: Metrics,
     usage: Arc<Usage>,
     refs: RuleRefs,
+    fill: FillHistory,
     /// Per rule: when its shadow refusals were last logged, and how many since.
     shadow_logged: Mutex<HashMap<RuleRef, (Instant, u64)>>,
 }
 
 impl DecisionObserver {
-    /// An observer counting into `metrics` and, per rule, into `usage`; `refs` names the
-    /// rules in the log.
-    pub fn new(metrics: Metrics, usage: Arc<Usage>, refs: RuleRefs) -> DecisionObserver {
+    /// An observer counting into `metrics` and, per rule, into `usage`, and keeping levels
+    /// in `fill`; `refs` names the rules in the log.
+    pub fn new(metrics: Metrics, usage: Arc<Usage>, refs: RuleRefs, fill: FillHistory) -> DecisionObserver {
         for scope in Scope::ALL {
             metrics.set_fallback_active(scope, false);
         }
-        DecisionObserver { metrics, usage, refs, shadow_logged: Mutex::default() }
+        DecisionObserver { metrics, usage, refs, fill, shadow_logged: Mutex::default() }
+    }
+
+    /// Keeps the levels `decision` left in the shared buckets it looked at. A decision of the
+    /// fallback (or of none, failing open) says nothing about the shared bucket, so it is not
+    /// kept; a refusal whose level is unknown (a concurrent take won the last tokens under
+    /// the lock) reads as empty, which is what it may as well be.
+    fn record_fill(&self, take: &Take, decision: &Decision, source: Source, now: DateTime<Utc>) {
+        if matches!(source, Source::Fallback | Source::Open) {
+            return;
+        }
+        match decision {
+            Decision::Granted(grant) => {
+                for (which, spend) in take.spends() {
+                    if let Some(fill) = grant.remaining(which) {
+                        let level = spend.limit.level(fill, now);
+                        self.fill.record(spend.scope, spend.key, now, level, spend.limit.burst(), true);
+                    }
+                }
+            }
+            Decision::Refused(refusal) => {
+                if let Some(spend) = take.spend(refusal.which) {
+                    let level = refusal.judged.map_or(0.0, |fill| spend.limit.level(fill, now).max(0.0));
+                    self.fill.record(spend.scope, spend.key, now, level, spend.limit.burst(), false);
+                }
+            }
+            Decision::InsufficientCapacity(_) => {}
+        }
     }
 
     fn count(&self, scope: Scope, enforcement: Enforcement, now: DateTime<Utc>, outcome: Outcome) {
@@ -175,6 +204,7 @@ impl Observer for DecisionObserver {
                 return self.metrics.named_decision(spend.limiter.as_str(), outcome);
             }
         }
+        self.record_fill(take, decision, source, now);
         if matches!(source, Source::Fallback | Source::Open) {
             for (_, scope, _) in &spent {
                 self.metrics.set_fallback_active(*scope, true);

@@ -49,6 +49,34 @@ pub enum Outcome {
     error,
 }
 
+impl Outcome {
+    /// Every outcome, in the order the operator page lists them.
+    pub const ALL: [Outcome; 8] = [
+        Outcome::granted,
+        Outcome::refused,
+        Outcome::precheck_refused,
+        Outcome::fallback_granted,
+        Outcome::fallback_refused,
+        Outcome::shadow_refused,
+        Outcome::open_granted,
+        Outcome::error,
+    ];
+
+    /// The label's text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::granted => "granted",
+            Outcome::refused => "refused",
+            Outcome::precheck_refused => "precheck_refused",
+            Outcome::fallback_granted => "fallback_granted",
+            Outcome::fallback_refused => "fallback_refused",
+            Outcome::shadow_refused => "shadow_refused",
+            Outcome::open_granted => "open_granted",
+            Outcome::error => "error",
+        }
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DecisionLabels {
     scope: ScopeLabel,
@@ -301,6 +329,27 @@ impl Metrics {
     /// Counts one decision on one scope.
     pub fn decision(&self, scope: ratebudget::Scope, outcome: Outcome) {
         self.decisions.get_or_create(&DecisionLabels { scope: ScopeLabel(scope), outcome }).inc();
+    }
+
+    /// Every decision counted since this process started, by scope and outcome, leaving out
+    /// the pairs never counted: the counter `/metrics` exposes, read for the operator page and
+    /// the OpenTelemetry export.
+    pub fn decision_counts(&self) -> Vec<(ratebudget::Scope, Outcome, u64)> {
+        let mut counts = Vec::new();
+        for scope in ratebudget::Scope::ALL {
+            for outcome in Outcome::ALL {
+                let labels = DecisionLabels { scope: ScopeLabel(scope), outcome };
+                if let Some(counter) = self.decisions.get(&labels) {
+                    counts.push((scope, outcome, counter.get()));
+                }
+            }
+        }
+        counts
+    }
+
+    /// Whether this replica leads, as last recorded.
+    pub fn leading(&self) -> bool {
+        self.leader.get() == 1
     }
 
     /// Counts one decision of a named limiter.

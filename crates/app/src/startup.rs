@@ -15,10 +15,12 @@ use tokio_util::sync::CancellationToken;
 use crate::budgets::{self, RuleBudgets, RuleRefs, Sources};
 use crate::clock::{self, ClockStatus, TimeSource};
 use crate::config::Config;
+use crate::fill::FillHistory;
 use crate::http::{self, AppState, CredentialCache, OperatorTokens};
 use crate::leader::{self, LeaderTiming, Leadership};
 use crate::limits::{ClockGate, DecisionObserver};
 use crate::metrics::Metrics;
+use crate::otlp::OtlpExport;
 use crate::usage::{self, Usage};
 use crate::{revocations, sweep};
 
@@ -70,6 +72,7 @@ pub struct Application {
     rules: JoinHandle<()>,
     usage: JoinHandle<()>,
     limiter_store: Store,
+    otlp: Option<OtlpExport>,
 }
 
 impl Application {
@@ -86,13 +89,14 @@ impl Application {
         let store = Store::new(limiter_pool(&config)).with_coalescing(config.coalescing);
         let rule_refs = RuleRefs::default();
         let usage = Arc::new(Usage::default());
+        let fill = FillHistory::new();
         let guard = Arc::new(Guard::new(
             Arc::new(store.clone()),
             GuardConfig {
                 decision_timeout: config.decision_timeout,
                 capacity: GuardConfig::DEFAULT_CAPACITY,
             },
-            Arc::new(DecisionObserver::new(metrics.clone(), usage.clone(), rule_refs.clone())),
+            Arc::new(DecisionObserver::new(metrics.clone(), usage.clone(), rule_refs.clone(), fill.clone())),
         ));
         let rule_budgets = Arc::new(RuleBudgets::new(&config, guard.clone(), rule_refs.clone()));
         // Background work gets a pool of its own so it never takes a request's connection:
@@ -189,6 +193,8 @@ impl Application {
             decision_clock: time.clock.clone(),
             rules: RulesService::new(Arc::new(PgRulesRepository::new(api_pool.clone()))),
             rule_budgets: rule_budgets.clone(),
+            fill,
+            leader: leader::LeaderLookup::new(api_pool.clone()),
         };
 
         let state_pools = (api_pool, store.clone(), background_pool.clone());
@@ -196,6 +202,14 @@ impl Application {
             .await
             .with_context(|| format!("failed to listen on {}", config.listen))?;
         let local_addr = listener.local_addr()?;
+        // After the bind, the other step that can fail, and before the loops start: an export
+        // dropped by a failed build would push once more, blocking the runtime meanwhile.
+        let otlp = config
+            .otlp
+            .as_ref()
+            .map(|otlp| OtlpExport::start(otlp, metrics.clone()))
+            .transpose()
+            .context("failed to start the OTLP metrics export")?;
         // In-flight requests finish (within the grace) before this returns.
         let server = tokio::spawn(http::server::serve(
             listener,
@@ -264,6 +278,7 @@ impl Application {
             rules,
             usage,
             limiter_store: store,
+            otlp,
         })
     }
 
@@ -305,6 +320,7 @@ impl Application {
             mut rules,
             mut usage,
             limiter_store,
+            otlp,
             ..
         } = self;
         let (mut server_result, mut elector_done, mut sweeper_done) = (None, false, false);
@@ -384,6 +400,10 @@ impl Application {
         // After the server: every request has been decided, so the last flush counts them all.
         if !usage_done {
             let _ = usage.await;
+        }
+        // Every decision is counted: the collector gets the last counts.
+        if let Some(otlp) = otlp {
+            otlp.stop().await;
         }
         // No request is in flight any more: say goodbye to the server on the take connections.
         limiter_store.close().await;

@@ -239,3 +239,29 @@ fn rule_knobs_are_bounded_and_fail_modes_may_be_open() {
     rejects(&[(RULES_POLL_INTERVAL_MS, "99")], RULES_POLL_INTERVAL_MS);
     rejects(&[(RULE_USAGE_FLUSH_INTERVAL_MS, "600001")], RULE_USAGE_FLUSH_INTERVAL_MS);
 }
+
+#[test]
+fn the_otlp_export_is_off_by_default_and_pushes_to_the_collectors_metrics_path() {
+    assert_eq!(parse(&[]).unwrap().otlp, None);
+    let config = parse(&[(OTLP_ENDPOINT, "http://127.0.0.1:4318/")]).unwrap();
+    assert_eq!(
+        config.otlp,
+        Some(crate::otlp::OtlpConfig {
+            metrics_url: "http://127.0.0.1:4318/v1/metrics".to_owned(),
+            interval: Duration::from_secs(60),
+        })
+    );
+    let config = parse(&[(OTLP_ENDPOINT, "http://collector:4318"), (OTLP_INTERVAL_MS, "500")]).unwrap();
+    assert_eq!(config.otlp.unwrap().interval, Duration::from_millis(500));
+}
+
+#[test]
+fn an_otlp_endpoint_that_is_not_a_plain_http_url_is_refused_by_name() {
+    for endpoint in ["https://collector:4318", "collector:4318", "http://", "not a url", "http://c:4318/?a=b"]
+    {
+        rejects(&[(OTLP_ENDPOINT, endpoint)], OTLP_ENDPOINT);
+    }
+    for interval in ["0", "99", "3600001"] {
+        rejects(&[(OTLP_ENDPOINT, "http://collector:4318"), (OTLP_INTERVAL_MS, interval)], OTLP_INTERVAL_MS);
+    }
+}

@@ -9,11 +9,13 @@ mod deadline;
 mod error;
 mod node;
 mod operator;
+mod overview;
 pub mod probes;
 pub mod rate_limit_headers;
 mod rule_routes;
 pub mod server;
 pub mod throttle;
+pub mod ui;
 
 use std::cell::Cell;
 use std::future::Future;
@@ -88,6 +90,10 @@ pub struct AppState {
     /// What every take is sized by on this replica: rules, tiers and knob defaults. A change
     /// made through this replica reloads it before the response.
     pub rule_budgets: std::sync::Arc<RuleBudgets>,
+    /// The levels this replica's decisions left in each bucket lately, for `/v1/fill`.
+    pub fill: crate::fill::FillHistory,
+    /// Who holds the leader lock, for `/v1/status`.
+    pub leader: crate::leader::LeaderLookup,
 }
 
 tokio::task_local! {
@@ -191,12 +197,17 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/rules/{rule_id}/history", get(rule_routes::rule_history))
         .route("/v1/rules/{rule_id}/rollback", post(rule_routes::rollback_rule))
         .route("/v1/rules/{rule_id}/usage", get(rule_routes::rule_usage))
+        .route("/v1/status", get(overview::status))
+        .route("/v1/fill/{key}", get(overview::fill))
         .layer(DefaultBodyLimit::max(OPERATOR_BODY_LIMIT))
         .route("/v1/secrets/{name}", get(node::read_secret))
         .route("/v1/ingest", post(node::ingest).layer(DefaultBodyLimit::max(max_batch)))
         .route("/healthz", get(probes::healthz))
         .route("/readyz", get(probes::readyz))
         .route("/metrics", get(probes::metrics))
+        .route("/ui", get(ui::page))
+        .route("/ui/app.js", get(ui::script))
+        .route("/ui/app.css", get(ui::style))
         .fallback(probes::not_found)
         .method_not_allowed_fallback(probes::method_not_allowed)
         .layer(axum::middleware::from_fn(refuse_doubled_headers))
