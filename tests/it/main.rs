@@ -31,3 +31,4 @@ mod rules_enforcement;
 mod rules_store;
 mod secrets_adapters;
 mod support;
+mod tower_layer;
