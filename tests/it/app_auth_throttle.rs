@@ -144,6 +144,44 @@ async fn replicas_share_one_failure_budget_per_address_and_never_throttle_a_vali
 }
 
 #[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_throttled_address_is_told_its_failure_budget_and_still_reaches_what_needs_no_credential(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let clock = Arc::new(ManualClock::new(instant()));
+    let knobs =
+        [KNOBS[0], ("PLEXSPHERE_AUTH_FAILURE_BURST", "2"), ("PLEXSPHERE_AUTH_FAILURE_PER_SECOND", "0.5")];
+    let replica = Replica::start(config(&connect, &knobs), clock.clone()).await;
+    let guesser = "198.51.100.20";
+    let first = replica.get_from("/v1/audit", Some("a-wrong-guess"), guesser).await;
+    assert_eq!(first.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(first.header("www-authenticate"), Some("Bearer"));
+    assert_eq!(first.header("ratelimit"), Some("\"auth_failure\";r=1;t=2"));
+    assert_eq!(
+        replica.get_from("/v1/audit", Some("a-wrong-guess"), guesser).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+
+    let refused = replica.get_from("/v1/audit", Some("a-wrong-guess"), guesser).await;
+    assert_eq!((refused.status, refused.code()), (StatusCode::TOO_MANY_REQUESTS, "auth_rate_limited"));
+    assert_eq!(refused.retry_after, Some(2));
+    assert_eq!(refused.header("ratelimit-policy"), Some("\"auth_failure\";q=2;w=4"));
+    assert_eq!(refused.header("ratelimit"), Some("\"auth_failure\";r=0;t=4"));
+    // Only authenticated routes are throttled: the probes, an unknown route and a wrong method
+    // answer as they always do.
+    assert_eq!(replica.get_from("/healthz", None, guesser).await.status, StatusCode::OK);
+    assert_eq!(
+        replica.get_from("/v1/nowhere", Some("a-wrong-guess"), guesser).await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        replica.get_from("/v1/ingest", Some("a-wrong-guess"), guesser).await.status,
+        StatusCode::METHOD_NOT_ALLOWED
+    );
+    replica.stop().await;
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
 async fn readiness_probes_the_database_at_most_once_a_second(_: PgPoolOptions, connect: PgConnectOptions) {
     // Count every connection the probe takes from its pool.
     let acquired = Arc::new(std::sync::atomic::AtomicUsize::new(0));

@@ -33,5 +33,6 @@ mod rules_enforcement;
 mod rules_store;
 mod secrets_adapters;
 mod support;
+mod tower_layer;
 mod ui_api;
 mod ui_chromium;

@@ -241,7 +241,7 @@ impl Observer for DecisionObserver {
                 }
             }
         }
-        if let Some(reading) = rate_limit_headers::binding(take, decision, now) {
+        if let Some(reading) = ratebudget_tower::Reading::binding(take, decision, now) {
             rate_limit_headers::record(reading);
         }
     }

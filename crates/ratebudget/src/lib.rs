@@ -43,5 +43,5 @@ pub use guard::{follow_resets, Guard, GuardConfig, Observer, Source, Unobserved}
 pub use model::{Budget, Fill, InvalidLimit, Key, Limit, Scope, Spend, IDLE_RETENTION};
 pub use named::{InvalidName, LimiterName, NamedKey, NamedSpend};
 pub use policy::{Algorithm, BoxError, Budgets, Enforcement, FailMode, FixedBudgets, Mode, Policy, RuleRef};
-pub use spender::{PairBudget, SingleBudget, Spender};
+pub use spender::{PairBudget, SingleBudget, Spender, Spent};
 pub use store::{Bucket, IdleSweep, Store};

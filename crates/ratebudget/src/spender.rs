@@ -10,6 +10,8 @@
 
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
+
 use crate::{
     Algorithm, Budgets, Clock, Decider, Decision, Grant, Key, LimiterName, NamedKey, NamedSpend, Policy,
     Scope, Spend, Take, Undecided, Which,
@@ -51,7 +53,11 @@ impl Spender {
     /// does not. In a pair, the other budget is then taken alone, so an enforced budget is
     /// still spent, and still refuses, for every request admitted.
     async fn spend(&self, take: Take) -> Result<Decision, Undecided> {
-        let now = self.clock.now();
+        self.spend_at(take, self.clock.now()).await
+    }
+
+    /// [`Spender::spend`] at a given `now`.
+    async fn spend_at(&self, take: Take, now: DateTime<Utc>) -> Result<Decision, Undecided> {
         let decision = self.decider.decide(take, now).await?;
         let Some(shadowed) = shadow_refusal(&take, &decision) else {
             return Ok(decision);
@@ -115,6 +121,16 @@ impl SingleBudget {
     /// # Errors
     /// As [`Decider::decide`], and [`Undecided::Declined`] when no policy could be had.
     pub async fn spend(&self, key: Key, domain: Key, cost: f64) -> Result<Decision, Undecided> {
+        Ok(self.spend_detailed(key, domain, cost).await?.decision)
+    }
+
+    /// Spends as [`SingleBudget::spend`] does, and also says what was taken (the policy's
+    /// limit travels in it) and at which instant: for a caller that reports the bucket, such
+    /// as an HTTP edge writing the `RateLimit` fields.
+    ///
+    /// # Errors
+    /// As [`SingleBudget::spend`].
+    pub async fn spend_detailed(&self, key: Key, domain: Key, cost: f64) -> Result<Spent, Undecided> {
         let policy = self.spender.policy(self.scope, domain)?;
         let take = match policy.algorithm {
             Algorithm::TokenBucket => Take::Single(Spend {
@@ -137,8 +153,21 @@ impl SingleBudget {
                 })
             }
         };
-        self.spender.spend(take).await
+        let now = self.spender.clock.now();
+        let decision = self.spender.spend_at(take, now).await?;
+        Ok(Spent { take, decision, now })
     }
+}
+
+/// What [`SingleBudget::spend_detailed`] took, when, and what was decided.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Spent {
+    /// The take as it was decided: the scope's bucket or named limiter, the cost, the policy.
+    pub take: Take,
+    /// What was decided, shadow refusals already admitted.
+    pub decision: Decision,
+    /// The instant it was decided at, from the spender's clock.
+    pub now: DateTime<Utc>,
 }
 
 /// Two budgets spent together by one request, such as a Node's and its Domain's.
@@ -185,8 +214,6 @@ impl PairBudget {
 mod tests {
     use std::sync::Mutex;
     use std::time::Duration;
-
-    use chrono::{DateTime, Utc};
 
     use super::*;
     use crate::{

@@ -74,17 +74,14 @@ impl FromRequestParts<AppState> for Operator {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        // An operator's own token is never throttled.
-        if let Some(name) = bearer(parts).and_then(|token| state.operator_tokens.operator(token)) {
-            // Every later line of this request's log names the operator.
-            tracing::Span::current().record("operator", tracing::field::display(&name));
-            return Ok(Operator(name));
-        }
-        let client = state.throttle.client(parts);
-        if let Some(refused) = state.throttle.known_refusal(&client) {
-            return Err(refused);
-        }
-        Err(state.throttle.failed(&client).await)
+        // A 401 here spends from the client address's failure budget in the throttle's layer
+        // around the route (throttle.rs); the operator's own token is never throttled.
+        let name = bearer(parts)
+            .and_then(|token| state.operator_tokens.operator(token))
+            .ok_or(ApiError::Unauthorized)?;
+        // Every later line of this request's log names the operator.
+        tracing::Span::current().record("operator", tracing::field::display(&name));
+        Ok(Operator(name))
     }
 }
 
@@ -95,24 +92,15 @@ impl FromRequestParts<AppState> for NodeCaller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        let presented = bearer(parts).and_then(|presented| access::NodeToken::parse(presented).ok());
-        let (token, lookup) = match presented {
-            Some(token) => match state.credentials.get(token.hash().as_bytes()) {
-                // A token this replica already knows to be valid is never throttled.
-                Ok(node) => return Ok(NodeCaller::named(node)),
-                Err(lookup) => (Some(token), Some(lookup)),
-            },
-            None => (None, None),
-        };
-        let client = state.throttle.client(parts);
-        // A spent failure budget answers before any lookup: a flood of made-up tokens costs
-        // the database nothing.
-        if let Some(refused) = state.throttle.known_refusal(&client) {
-            return Err(refused);
-        }
-        // Missing or malformed: refused without a round trip, and counted.
-        let (Some(token), Some(lookup)) = (token, lookup) else {
-            return Err(state.throttle.failed(&client).await);
+        // Missing or malformed: refused without a round trip. Every 401 spends from the client
+        // address's failure budget in the throttle's layer around the route (throttle.rs),
+        // which refuses a spent address before this runs, so before any lookup.
+        let token = bearer(parts)
+            .and_then(|presented| access::NodeToken::parse(presented).ok())
+            .ok_or(ApiError::Unauthorized)?;
+        let lookup = match state.credentials.get(token.hash().as_bytes()) {
+            Ok(node) => return Ok(NodeCaller::named(node)),
+            Err(lookup) => lookup,
         };
         let node =
             match state.bounded("authenticating a node", state.access.authenticate(token.expose())).await? {
@@ -121,12 +109,22 @@ impl FromRequestParts<AppState> for NodeCaller {
                     node
                 }
                 Err(access::AuthError::MalformedToken | access::AuthError::UnknownToken) => {
-                    return Err(state.throttle.failed(&client).await)
+                    return Err(ApiError::Unauthorized)
                 }
                 Err(unavailable @ access::AuthError::Unavailable(_)) => return Err(unavailable.into()),
             };
         Ok(NodeCaller::named(node))
     }
+}
+
+/// Whether a request carries a credential this replica already knows to be valid: the
+/// operator's token, or a Node token in the credential cache. Such a request is never refused
+/// for its address's failed authentications before it is authenticated (throttle.rs).
+pub(super) fn vouched_for(state: &AppState, parts: &Parts) -> bool {
+    let Some(presented) = bearer(parts) else { return false };
+    state.operator_tokens.operator(presented).is_some()
+        || access::NodeToken::parse(presented)
+            .is_ok_and(|token| state.credentials.get(token.hash().as_bytes()).is_ok())
 }
 
 impl NodeCaller {

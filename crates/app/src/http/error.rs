@@ -178,9 +178,10 @@ impl IntoResponse for ApiError {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         if let ApiError::RateLimited { retry_after, .. } = self {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_seconds(retry_after)));
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(ratebudget_tower::retry_after_seconds(retry_after)),
+            );
         }
         let current = match self {
             ApiError::PreconditionFailed { current, .. } => current,
@@ -218,13 +219,6 @@ pub(super) fn set_etag(response: &mut Response, version: rules::Version) {
     if let Ok(tag) = HeaderValue::from_str(&version.etag()) {
         response.headers_mut().insert(header::ETAG, tag);
     }
-}
-
-/// `Retry-After` in whole seconds, rounded up, and at least 1: a client told 0 would retry at
-/// once into the same refusal.
-pub fn retry_after_seconds(retry_after: Duration) -> u64 {
-    let whole = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
-    whole.max(1)
 }
 
 impl From<secrets::ReadError> for ApiError {
@@ -420,18 +414,4 @@ pub(super) fn unknown_rule() -> ApiError {
 /// The 404 for a Domain id that names no Domain.
 pub(super) fn unknown_domain(id: uuid::Uuid) -> ApiError {
     ApiError::NotFound { code: "unknown_domain", message: format!("no domain {id}") }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn retry_after_rounds_up_to_whole_seconds_and_is_never_zero() {
-        assert_eq!(retry_after_seconds(Duration::ZERO), 1);
-        assert_eq!(retry_after_seconds(Duration::from_millis(100)), 1);
-        assert_eq!(retry_after_seconds(Duration::from_secs(1)), 1);
-        assert_eq!(retry_after_seconds(Duration::from_millis(1001)), 2);
-        assert_eq!(retry_after_seconds(Duration::from_secs_f64(2.5)), 3);
-    }
 }

@@ -34,7 +34,7 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
 pub use auth::{CredentialCache, OperatorTokens};
-pub use error::{cause_chain, error_response, panic_response, retry_after_seconds, ApiError};
+pub use error::{cause_chain, error_response, panic_response, ApiError};
 
 use crate::budgets::RuleBudgets;
 use crate::clock::ClockStatus;
@@ -202,6 +202,13 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(OPERATOR_BODY_LIMIT))
         .route("/v1/secrets/{name}", get(node::read_secret))
         .route("/v1/ingest", post(node::ingest).layer(DefaultBodyLimit::max(max_batch)))
+        // Every route so far authenticates its caller: each 401 spends from the client
+        // address's failure budget (throttle.rs). The probes below, unknown routes and wrong
+        // methods never do, and are never refused for an address's failures.
+        .route_layer(state.throttle.layer({
+            let state = state.clone();
+            move |parts| auth::vouched_for(&state, parts)
+        }))
         .route("/healthz", get(probes::healthz))
         .route("/readyz", get(probes::readyz))
         .route("/metrics", get(probes::metrics))
