@@ -8,8 +8,8 @@
 //! itself (take.sql or the pair function), and pays only a task hand-off.
 //!
 //! The calls run on tasks of their own ("drivers"), each looping while the queue is not
-//! empty: one while the queue is short, more (up to `max_in_flight`) once a whole call's
-//! worth waits. A take of a bucket already on the wire waits for the next call rather than
+//! empty: one while the queue is short, more (up to `max_in_flight`) once a quarter of a
+//! call's worth waits. A take of a bucket already on the wire waits for the next call rather than
 //! race it to the row lock. A caller waits for its answer on a channel; one whose
 //! deadline passes stops waiting and nobody else notices: its take, if not yet sent, is
 //! dropped from the queue, and if already sent is decided with the rest of its call.
@@ -50,12 +50,17 @@ pub struct Coalescing {
 impl Coalescing {
     /// What a store does unless told otherwise: up to 64 takes a call (PERF-NOTES.md: 79k
     /// takes a second at 64 a statement on this machine), and a second call beside the first
-    /// when a whole call's worth is waiting (one call per core of the database's machine
-    /// here; BENCHMARKS.md section 6 has the figures).
+    /// when a quarter of a call's worth is waiting (one call per core of the database's
+    /// machine here; BENCHMARKS.md section 6 has the figures).
     pub const DEFAULT: Coalescing = Coalescing { max_batch: 64, max_in_flight: 2 };
 
     /// Every take its own statement, at once: the store before coalescing, for comparison.
     pub const OFF: Coalescing = Coalescing { max_batch: 1, max_in_flight: usize::MAX };
+
+    /// How many takes must wait before a call goes beside one already on the wire.
+    fn second_call_after(self) -> usize {
+        (self.max_batch / 4).max(1)
+    }
 }
 
 /// One queued take and where its answer goes.
@@ -72,8 +77,8 @@ struct State {
     /// instead of going in a call of its own beside it: that call would only wait for the row
     /// lock and the commit of the first, one hot bucket's takes would go as many small calls
     /// each paying a commit under the lock, and they are worth more together (BENCHMARKS.md
-    /// section 6: one hot bucket at 16 callers, 2,924 takes a second with two calls at once
-    /// against 8,304 with one).
+    /// section 6: one hot bucket at 16 callers, 11,995 takes a second before this rule,
+    /// 20,717 with it).
     in_flight: HashSet<(Scope, Key)>,
 }
 
@@ -153,13 +158,15 @@ impl Coalescer {
             let mut state = self.lock();
             state.queue.push_back(Queued { statement, now, answer });
             // With nothing on the wire the take goes at once. Otherwise it waits for a call to
-            // return, unless a whole call's worth is waiting: a second call beside the first
-            // only pays when the database has room for it, and one started for a few takes
-            // splits the queue into small calls that each pay a commit. A take of a bucket on
-            // the wire goes in the call after it: its driver sends it.
+            // return, unless a quarter of a call's worth is waiting: a second call beside the
+            // first pays when the database has room for it, and one started for a take or two
+            // splits the queue into small calls that each pay a commit (at 64 callers on random
+            // keys, 18.9k takes/s when only a whole call's worth started one, 28.8k at a
+            // quarter, 24.8k at an eighth). A take of a bucket on the wire goes in the call
+            // after it: its driver sends it.
             let start = state.drivers == 0
                 || (state.drivers < self.coalescing.max_in_flight
-                    && state.queue.len() >= self.coalescing.max_batch
+                    && state.queue.len() >= self.coalescing.second_call_after()
                     && !buckets(statement).iter().flatten().any(|bucket| state.in_flight.contains(bucket)));
             if start {
                 state.drivers += 1;
@@ -177,16 +184,25 @@ impl Coalescer {
     /// and the driver count change under one lock, so a take queued meanwhile is always picked
     /// up: by this driver, or by the one whose call holds its bucket.
     async fn drive(self: Arc<Self>) {
+        let mut on_the_wire = OnTheWire { coalescer: &self, buckets: Vec::new() };
         loop {
-            let (batch, on_the_wire) = {
+            let batch = {
                 let mut state = self.lock();
+                // The last call's buckets count as on the wire until this driver has picked
+                // the next call, so the takes its callers queued meanwhile wait for it rather
+                // than start a call beside it.
+                for bucket in on_the_wire.buckets.drain(..) {
+                    state.in_flight.remove(&bucket);
+                }
                 let batch = state.next_batch(self.coalescing.max_batch);
                 if batch.is_empty() {
                     state.drivers -= 1;
                     return;
                 }
-                let on_the_wire = OnTheWire::new(&self, &mut state, &batch);
-                (batch, on_the_wire)
+                on_the_wire.buckets =
+                    batch.iter().flat_map(|queued| buckets(queued.statement)).flatten().collect();
+                state.in_flight.extend(on_the_wire.buckets.iter().copied());
+                batch
             };
             let statements: Vec<(Statement, DateTime<Utc>)> =
                 batch.iter().map(|queued| (queued.statement, queued.now)).collect();
@@ -204,7 +220,6 @@ impl Coalescer {
                     }
                 }
             }
-            drop(on_the_wire);
             // One turn of the runtime before the next call: the callers just answered run,
             // and those that take again (the next request of a busy connection) join it
             // instead of waiting a whole call behind it. Not a timer: nothing waits when no
@@ -219,35 +234,28 @@ impl Coalescer {
     }
 }
 
-/// A driver's call on the wire: its buckets are in `State::in_flight` until it is dropped,
-/// after the answers, or while unwinding from a panic (which also ends the driver, so another
-/// is started when takes are left).
+/// The buckets of a driver's last call, in `State::in_flight` until the driver picks its next
+/// call. Dropped while unwinding from a panic, it takes them out and ends the driver, starting
+/// another when takes are left.
 struct OnTheWire<'a> {
     coalescer: &'a Arc<Coalescer>,
     buckets: Vec<(Scope, Key)>,
 }
 
-impl<'a> OnTheWire<'a> {
-    fn new(coalescer: &'a Arc<Coalescer>, state: &mut State, batch: &[Queued]) -> OnTheWire<'a> {
-        let buckets: Vec<(Scope, Key)> =
-            batch.iter().flat_map(|queued| buckets(queued.statement)).flatten().collect();
-        state.in_flight.extend(buckets.iter().copied());
-        OnTheWire { coalescer, buckets }
-    }
-}
-
 impl Drop for OnTheWire<'_> {
     fn drop(&mut self) {
+        if !std::thread::panicking() {
+            // A driver ends only from its loop, having emptied `buckets` under the lock.
+            return;
+        }
         let mut state = self.coalescer.lock();
         for bucket in &self.buckets {
             state.in_flight.remove(bucket);
         }
-        if std::thread::panicking() {
-            state.drivers -= 1;
-            if !state.queue.is_empty() && state.drivers < self.coalescer.coalescing.max_in_flight {
-                state.drivers += 1;
-                tokio::spawn(self.coalescer.clone().drive());
-            }
+        state.drivers -= 1;
+        if !state.queue.is_empty() && state.drivers < self.coalescer.coalescing.max_in_flight {
+            state.drivers += 1;
+            tokio::spawn(self.coalescer.clone().drive());
         }
     }
 }
