@@ -11,7 +11,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
 use crate::support::helpers::instant;
-use crate::support::replicas::{config, eventually, Replica};
+use crate::support::replicas::{config, eventually, leader_backend, Replica};
 
 async fn two_replicas(
     connect: &PgConnectOptions,
@@ -216,22 +216,6 @@ async fn exactly_one_replica_leads_and_leadership_moves_when_it_stops(
     }
     follower.stop().await;
     late.stop().await;
-}
-
-/// The backend holding the leader lock in this database, if any.
-async fn leader_backend(pool: &PgPool) -> Option<i32> {
-    let key = app::leader::LEADER_LOCK_KEY;
-    // pg_locks shows a bigint advisory key as its high and low 32 bits.
-    sqlx::query_scalar(
-        "SELECT pid FROM pg_locks
-         WHERE locktype = 'advisory' AND classid::bigint = $1 AND objid::bigint = $2 AND objsubid = 1
-           AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-    )
-    .bind(key >> 32)
-    .bind(key & 0xffff_ffff)
-    .fetch_optional(pool)
-    .await
-    .unwrap()
 }
 
 #[sqlx::test(migrator = "app::MIGRATOR")]

@@ -8,10 +8,9 @@ use ratebudget::ManualClock;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::PgPool;
 
 use crate::support::helpers::instant;
-use crate::support::replicas::{config, Answer, Replica};
+use crate::support::replicas::{config, leader_backend, Answer, Replica};
 
 async fn replica(connect: &PgConnectOptions) -> Replica {
     Replica::start(config(connect, &[]), Arc::new(ManualClock::new(instant()))).await
@@ -139,21 +138,6 @@ async fn fill_shows_a_nodes_and_a_domains_buckets_now_and_the_levels_its_decisio
         "unknown_key",
     );
     replica.stop().await;
-}
-
-/// The backend holding the leader lock in this database, if any.
-async fn leader_backend(pool: &PgPool) -> Option<i32> {
-    let key = app::leader::LEADER_LOCK_KEY;
-    sqlx::query_scalar(
-        "SELECT pid FROM pg_locks
-         WHERE locktype = 'advisory' AND classid::bigint = $1 AND objid::bigint = $2 AND objsubid = 1
-           AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-    )
-    .bind(key >> 32)
-    .bind(key & 0xffff_ffff)
-    .fetch_optional(pool)
-    .await
-    .unwrap()
 }
 
 #[sqlx::test(migrator = "app::MIGRATOR")]

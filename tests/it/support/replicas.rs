@@ -287,3 +287,19 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The backend holding the leader lock in this database, if any.
+pub(crate) async fn leader_backend(pool: &sqlx::PgPool) -> Option<i32> {
+    let key = app::leader::LEADER_LOCK_KEY;
+    // pg_locks shows a bigint advisory key as its high and low 32 bits.
+    sqlx::query_scalar(
+        "SELECT pid FROM pg_locks
+         WHERE locktype = 'advisory' AND classid::bigint = $1 AND objid::bigint = $2 AND objsubid = 1
+           AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .bind(key >> 32)
+    .bind(key & 0xffff_ffff)
+    .fetch_optional(pool)
+    .await
+    .unwrap()
+}
