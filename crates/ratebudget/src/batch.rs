@@ -235,8 +235,10 @@ impl Coalescer {
 }
 
 /// The buckets of a driver's last call, in `State::in_flight` until the driver picks its next
-/// call. Dropped while unwinding from a panic, it takes them out and ends the driver, starting
-/// another when takes are left.
+/// call. Dropped with buckets still in it, the driver ended without going back to its loop:
+/// it panicked, or its task was dropped mid-call (the runtime shutting down). It then takes
+/// them out and ends the driver, starting another when takes are left and a runtime can run
+/// it, so no take waits on a call that will never return.
 struct OnTheWire<'a> {
     coalescer: &'a Arc<Coalescer>,
     buckets: Vec<(Scope, Key)>,
@@ -244,8 +246,8 @@ struct OnTheWire<'a> {
 
 impl Drop for OnTheWire<'_> {
     fn drop(&mut self) {
-        if !std::thread::panicking() {
-            // A driver ends only from its loop, having emptied `buckets` under the lock.
+        if self.buckets.is_empty() && !std::thread::panicking() {
+            // The driver's own end: it emptied `buckets` and counted itself out under the lock.
             return;
         }
         let mut state = self.coalescer.lock();
@@ -254,8 +256,11 @@ impl Drop for OnTheWire<'_> {
         }
         state.drivers -= 1;
         if !state.queue.is_empty() && state.drivers < self.coalescer.coalescing.max_in_flight {
-            state.drivers += 1;
-            tokio::spawn(self.coalescer.clone().drive());
+            // `tokio::spawn` panics outside a runtime, and a panic while unwinding aborts.
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                state.drivers += 1;
+                runtime.spawn(self.coalescer.clone().drive());
+            }
         }
     }
 }
