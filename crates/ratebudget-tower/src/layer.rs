@@ -291,12 +291,15 @@ fn never_fits(never: &ratebudget::InsufficientCapacity) -> Rejection {
     )
 }
 
-/// `error` and each of its sources, joined by `: `: the whole story on one line.
-fn cause_chain(error: &(dyn std::error::Error + 'static)) -> String {
+/// `error` and each of its sources, joined by `: `: the whole story on one line, as the
+/// layer logs an undecided budget (and the `plexsphere` binary logs every failure).
+pub fn cause_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut chain = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
         let text = cause.to_string();
+        // Some errors (sqlx's database error among them) already print their source's text;
+        // saying it twice makes the line harder to read, not more complete.
         if !chain.ends_with(&text) {
             chain.push_str(": ");
             chain.push_str(&text);

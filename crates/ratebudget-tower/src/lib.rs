@@ -34,5 +34,5 @@ pub use extract::{
     PeerAddress,
 };
 pub use fields::{retry_after_seconds, Reading, RATELIMIT, RATELIMIT_POLICY};
-pub use layer::{BudgetBody, BudgetLayer, Budgeted};
+pub use layer::{cause_chain, BudgetBody, BudgetLayer, Budgeted};
 pub use response::Rejection;

@@ -109,22 +109,9 @@ impl ApiError {
     }
 }
 
-/// `error` and each of its sources, joined by `: `: the whole story on one line.
-pub fn cause_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut chain = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        // Some errors (sqlx's database error among them) already print their source's text;
-        // saying it twice makes the line harder to read, not more complete.
-        if !chain.ends_with(&text) {
-            chain.push_str(": ");
-            chain.push_str(&text);
-        }
-        source = cause.source();
-    }
-    chain
-}
+/// `error` and each of its sources on one line: the layer's, so a failure reads the same
+/// whether the throttle or a handler logged it.
+pub use ratebudget_tower::cause_chain;
 
 /// The body of every error response, built here and nowhere else.
 #[derive(Serialize)]
