@@ -34,6 +34,20 @@ fn step(keys: usize) -> impl Strategy<Value = Step> {
         .prop_map(|(bucket, cost, second, micros)| Step { first: (bucket, cost), second, micros })
 }
 
+/// What a round's queue looks like. The store sends single takes all of one bucket, and single
+/// takes of distinct buckets, to functions of their own (migrations/0014); any other queue to
+/// the general one. All three must decide as one take at a time.
+#[derive(Clone, Copy, Debug)]
+enum Shape {
+    Mixed,
+    OneBucket,
+    DistinctBuckets,
+}
+
+fn shape() -> impl Strategy<Value = Shape> {
+    prop_oneof![2 => Just(Shape::Mixed), 1 => Just(Shape::OneBucket), 1 => Just(Shape::DistinctBuckets)]
+}
+
 /// The buckets: the first half Node-scoped, the rest Domain-scoped, each with its own limit.
 fn buckets(limits: &[Limit]) -> Vec<(Scope, Key, Limit)> {
     let half = limits.len() / 2;
@@ -75,18 +89,33 @@ fn a_coalesced_queue_decides_exactly_as_one_take_at_a_time_in_its_order() {
     let config = ProptestConfig { cases: 48, ..ProptestConfig::default() };
     proptest!(config, |(
         limits in prop::collection::vec((0.5f64..20.0, 1.0f64..8.0), 2..6),
-        rounds in prop::collection::vec(prop::collection::vec(step(5), 1..40), 1..4),
+        rounds in prop::collection::vec((shape(), prop::collection::vec(step(5), 1..40)), 1..4),
     )| {
         let limits: Vec<Limit> = limits.into_iter().map(|(rate, burst)| Limit::new(rate, burst).unwrap()).collect();
         let buckets = buckets(&limits);
         let keys = buckets.len();
-        for steps in rounds {
+        for (shape, steps) in rounds {
+            let hot = steps[0].first.0 % keys;
             let steps: Vec<Step> = steps
                 .into_iter()
-                .map(|mut step| {
-                    step.first.0 %= keys;
-                    step.second = step.second.map(|(bucket, cost)| (bucket % keys, cost));
-                    step
+                .enumerate()
+                .filter_map(|(i, mut step)| {
+                    match shape {
+                        Shape::Mixed => {
+                            step.first.0 %= keys;
+                            step.second = step.second.map(|(bucket, cost)| (bucket % keys, cost));
+                        }
+                        Shape::OneBucket => {
+                            step.first.0 = hot;
+                            step.second = None;
+                        }
+                        Shape::DistinctBuckets if i < keys => {
+                            step.first.0 = (hot + i) % keys;
+                            step.second = None;
+                        }
+                        Shape::DistinctBuckets => return None,
+                    }
+                    Some(step)
                 })
                 .collect();
             let queue = queue(&buckets, &steps);
@@ -144,11 +173,17 @@ async fn a_hot_keys_queue_is_one_call_and_one_row_update(pool: PgPool) {
 async fn a_call_that_fails_fails_each_of_its_takes_and_never_refuses(pool: PgPool) {
     let store = Store::new(pool.clone());
     let limit = Limit::new(1.0, 5.0).unwrap();
-    // Sabotage the coalesced take's function: the call itself fails.
-    sqlx::query("ALTER FUNCTION plexsphere.decide_rate_budget_batch RENAME TO gone")
-        .execute(&pool)
-        .await
-        .unwrap();
+    // Sabotage the coalesced take's functions, whatever the call's shape: the call itself fails.
+    for (function, gone) in [
+        ("decide_rate_budget_batch", "gone"),
+        ("decide_rate_budget_batch_of_one_bucket", "gone_one"),
+        ("decide_rate_budget_batch_of_distinct_buckets", "gone_distinct"),
+    ] {
+        sqlx::query(&format!("ALTER FUNCTION plexsphere.{function} RENAME TO {gone}"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
     let spend = |cost| Take::Single(Spend::new(Scope::IngestNode, key(), cost, limit));
     let queue = vec![
         (spend(1.0), instant()),
@@ -274,4 +309,61 @@ async fn concurrent_calls_and_pairs_from_several_replicas_never_deadlock(pool: P
     // Every take was granted: a pair debits two buckets, a single one.
     let debits_per_caller: usize = (0..25usize).map(|round| if round % 3 == 2 { 1 } else { 2 }).sum();
     assert_eq!(spent.round(), (48 * debits_per_caller) as f64);
+}
+
+/// Several stores (replicas) spending the same buckets at once, each coalescing its callers'
+/// takes into calls of one hot bucket or of distinct buckets (their own functions since
+/// migrations/0014), and one store sending every take alone: each bucket grants exactly its
+/// burst, whoever's call wins its row lock, and nothing fails.
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn replicas_spending_the_same_buckets_grant_each_token_once(pool: PgPool) {
+    // Every take at one instant: nothing refills, so a bucket grants its burst and no more.
+    let limit = Limit::new(1.0, 40.0).unwrap();
+    let hot = key();
+    let spread: Vec<Key> = (0..16).map(|_| key()).collect();
+    let replicas = [
+        Store::new(pool.clone()),
+        Store::new(pool.clone()),
+        Store::new(pool.clone()).with_coalescing(Coalescing::OFF),
+    ];
+    let mut callers = Vec::new();
+    for caller in 0..48usize {
+        let store = replicas[caller % replicas.len()].clone();
+        let spread = spread.clone();
+        callers.push(tokio::spawn(async move {
+            let mut granted = Vec::new();
+            for round in 0..20usize {
+                // Half the callers on the hot bucket, half each on a bucket of its own per round.
+                let bucket = if caller % 2 == 0 { hot } else { spread[(caller / 2 + round) % spread.len()] };
+                let take = Take::Single(Spend::new(Scope::IngestNode, bucket, 1.0, limit));
+                if store.decide(take, instant()).await?.is_granted() {
+                    granted.push(bucket);
+                }
+            }
+            Ok::<Vec<Key>, Error>(granted)
+        }));
+    }
+    let mut granted = std::collections::HashMap::<Key, usize>::new();
+    for caller in callers {
+        for bucket in caller.await.unwrap().expect("a take failed") {
+            *granted.entry(bucket).or_default() += 1;
+        }
+    }
+    // 24 callers x 20 takes on the hot bucket: its burst, once. The spread buckets get 25 to 35
+    // takes each, all within their burst: every one granted.
+    assert_eq!(granted[&hot], 40, "the hot bucket grants its burst once");
+    for (i, bucket) in spread.iter().enumerate() {
+        let takes = (0..48usize)
+            .filter(|caller| caller % 2 == 1)
+            .flat_map(|caller| (0..20usize).map(move |round| (caller / 2 + round) % 16))
+            .filter(|index| *index == i)
+            .count();
+        assert_eq!(granted.get(bucket).copied().unwrap_or(0), takes, "spread bucket {i}");
+    }
+    let left: f64 = sqlx::query_scalar("SELECT tokens FROM plexsphere.rate_budgets WHERE bucket_key = $1")
+        .bind(hot.as_uuid())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(left < 1.0, "the hot bucket is spent: {left}");
 }

@@ -27,6 +27,9 @@ use crate::{Decision, Error, Fill, Grant, Key, Refusal, Scope, Spend, Which};
 const TAKE: &str = include_str!("../queries/take.sql");
 const DECIDE_PAIR: &str = include_str!("../queries/decide_pair.sql");
 const DECIDE_BATCH: &str = include_str!("../queries/decide_batch.sql");
+const DECIDE_BATCH_OF_ONE_BUCKET: &str = include_str!("../queries/decide_batch_of_one_bucket.sql");
+const DECIDE_BATCH_OF_DISTINCT_BUCKETS: &str =
+    include_str!("../queries/decide_batch_of_distinct_buckets.sql");
 
 /// A take that needs the database, as sent: one bucket, or two all-or-nothing.
 #[derive(Clone, Copy, Debug)]
@@ -348,65 +351,60 @@ async fn run_one(
     }
 }
 
-/// Many takes, in order, as one call of `plexsphere.decide_rate_budget_batch`.
+/// Many takes, in order, in one call: of the function made for the call's shape when it has
+/// one (migrations/0014), else of `plexsphere.decide_rate_budget_batch`.
 async fn run_many(
     connection: &mut PgConnection,
     statements: &[(Statement, DateTime<Utc>)],
 ) -> Result<Vec<Decision>, sqlx::Error> {
-    // The distinct buckets. The function locks them in PostgreSQL's (scope, bucket_key) order, the
-    // pair's; this map only numbers them (Scope's own order is not the text order).
+    // The distinct buckets. The functions lock them in PostgreSQL's (scope, bucket_key) order,
+    // the pair's; this map only numbers them (Scope's own order is not the text order).
     let mut buckets: BTreeMap<(Scope, Key), i32> = BTreeMap::new();
     for (statement, _) in statements {
         for spend in sides(*statement).into_iter().flatten() {
             buckets.insert((spend.scope, spend.key), 0);
         }
     }
-    for (position, index) in buckets.values_mut().enumerate() {
-        *index = position as i32 + 1;
-    }
-    let scopes: Vec<&str> = buckets.keys().map(|(scope, _)| scope.as_str()).collect();
-    let keys: Vec<uuid::Uuid> = buckets.keys().map(|(_, key)| key.as_uuid()).collect();
-    let index = |spend: &Spend| buckets[&(spend.scope, spend.key)];
-
     let n = statements.len();
-    let (mut first_bucket, mut first_cost, mut first_rate, mut first_burst) =
-        (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
-    let (mut second_bucket, mut second_cost, mut second_rate, mut second_burst) =
-        (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
-    let mut nows = Vec::with_capacity(n);
-    for (statement, now) in statements {
-        let [first, second] = sides(*statement);
-        let first = first.expect("every statement has a first side");
-        first_bucket.push(index(&first));
-        first_cost.push(first.cost);
-        first_rate.push(first.limit.per_second());
-        first_burst.push(first.limit.burst());
-        second_bucket.push(second.as_ref().map(index));
-        second_cost.push(second.map(|spend| spend.cost));
-        second_rate.push(second.map(|spend| spend.limit.per_second()));
-        second_burst.push(second.map(|spend| spend.limit.burst()));
-        nows.push(*now);
-    }
-    let rows: Vec<(i32, Row)> = sqlx::query_as::<_, BatchRow>(DECIDE_BATCH)
-        .bind(&scopes)
-        .bind(&keys)
-        .bind(&first_bucket)
-        .bind(&first_cost)
-        .bind(&first_rate)
-        .bind(&first_burst)
-        .bind(&second_bucket)
-        .bind(&second_cost)
-        .bind(&second_rate)
-        .bind(&second_burst)
-        .bind(&nows)
-        .fetch_all(connection)
-        .await?
-        .into_iter()
-        .map(|row| (row.take, row.row))
+    let singles: Option<Vec<Spend>> = statements
+        .iter()
+        .map(|(statement, _)| match statement {
+            Statement::Single { spend, .. } => Some(*spend),
+            Statement::Pair { .. } => None,
+        })
         .collect();
+    let nows: Vec<DateTime<Utc>> = statements.iter().map(|(_, now)| *now).collect();
+    let rows = match singles {
+        Some(spends) if buckets.len() == 1 => {
+            let (scope, key) = (spends[0].scope, spends[0].key);
+            sqlx::query_as::<_, BatchRow>(DECIDE_BATCH_OF_ONE_BUCKET)
+                .bind(scope.as_str())
+                .bind(key.as_uuid())
+                .bind(spends.iter().map(|spend| spend.cost).collect::<Vec<_>>())
+                .bind(spends.iter().map(|spend| spend.limit.per_second()).collect::<Vec<_>>())
+                .bind(spends.iter().map(|spend| spend.limit.burst()).collect::<Vec<_>>())
+                .bind(&nows)
+                .fetch_all(&mut *connection)
+                .await?
+        }
+        // Distinct keys, not only distinct (scope, key): the function finds a take by its key.
+        Some(spends) if spends.iter().map(|spend| spend.key).collect::<HashSet<_>>().len() == n => {
+            sqlx::query_as::<_, BatchRow>(DECIDE_BATCH_OF_DISTINCT_BUCKETS)
+                .bind(spends.iter().map(|spend| spend.scope.as_str()).collect::<Vec<_>>())
+                .bind(spends.iter().map(|spend| spend.key.as_uuid()).collect::<Vec<_>>())
+                .bind(spends.iter().map(|spend| spend.cost).collect::<Vec<_>>())
+                .bind(spends.iter().map(|spend| spend.limit.per_second()).collect::<Vec<_>>())
+                .bind(spends.iter().map(|spend| spend.limit.burst()).collect::<Vec<_>>())
+                .bind(&nows)
+                .fetch_all(&mut *connection)
+                .await?
+        }
+        _ => run_general(connection, statements, &mut buckets, &nows).await?,
+    };
+    let rows: Vec<(i32, Row)> = rows.into_iter().map(|row| (row.take, row.row)).collect();
     if rows.len() != n || rows.iter().enumerate().any(|(i, (take, _))| *take != i as i32 + 1) {
         return Err(sqlx::Error::Decode(
-            format!("decide_rate_budget_batch answered {} rows for {n} takes, out of order", rows.len())
+            format!("a coalesced take function answered {} rows for {n} takes, out of order", rows.len())
                 .into(),
         ));
     }
@@ -423,6 +421,53 @@ async fn run_many(
             Statement::Pair { first, second } => row.decision(Some(first), Some(second), *now),
         })
         .collect()
+}
+
+/// Any call, pairs and repeated buckets included, as `plexsphere.decide_rate_budget_batch`.
+async fn run_general(
+    connection: &mut PgConnection,
+    statements: &[(Statement, DateTime<Utc>)],
+    buckets: &mut BTreeMap<(Scope, Key), i32>,
+    nows: &[DateTime<Utc>],
+) -> Result<Vec<BatchRow>, sqlx::Error> {
+    for (position, index) in buckets.values_mut().enumerate() {
+        *index = position as i32 + 1;
+    }
+    let scopes: Vec<&str> = buckets.keys().map(|(scope, _)| scope.as_str()).collect();
+    let keys: Vec<uuid::Uuid> = buckets.keys().map(|(_, key)| key.as_uuid()).collect();
+    let index = |spend: &Spend| buckets[&(spend.scope, spend.key)];
+
+    let n = statements.len();
+    let (mut first_bucket, mut first_cost, mut first_rate, mut first_burst) =
+        (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+    let (mut second_bucket, mut second_cost, mut second_rate, mut second_burst) =
+        (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+    for (statement, _) in statements {
+        let [first, second] = sides(*statement);
+        let first = first.expect("every statement has a first side");
+        first_bucket.push(index(&first));
+        first_cost.push(first.cost);
+        first_rate.push(first.limit.per_second());
+        first_burst.push(first.limit.burst());
+        second_bucket.push(second.as_ref().map(index));
+        second_cost.push(second.map(|spend| spend.cost));
+        second_rate.push(second.map(|spend| spend.limit.per_second()));
+        second_burst.push(second.map(|spend| spend.limit.burst()));
+    }
+    sqlx::query_as::<_, BatchRow>(DECIDE_BATCH)
+        .bind(&scopes)
+        .bind(&keys)
+        .bind(&first_bucket)
+        .bind(&first_cost)
+        .bind(&first_rate)
+        .bind(&first_burst)
+        .bind(&second_bucket)
+        .bind(&second_cost)
+        .bind(&second_rate)
+        .bind(&second_burst)
+        .bind(nows)
+        .fetch_all(connection)
+        .await
 }
 
 /// A statement's sides as the batch function takes them: the first, and the second of a pair.
