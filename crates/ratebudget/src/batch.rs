@@ -4,8 +4,10 @@
 //! taking from 16 buckets ran 5.4 times the takes a second of 16 single statements). So while
 //! a call is on the wire, concurrent takes wait in a queue, and when it returns the queue goes
 //! as the next call: `plexsphere.decide_rate_budget_batch` (migrations/0009), which decides
-//! them in order exactly as one at a time. There is no timer: a lone take is sent at once, as
-//! itself (take.sql or the pair function), and pays only a task hand-off.
+//! them in order exactly as one at a time, or, for a call of single takes all of one bucket or
+//! all of distinct keys, a function made for that shape which decides the same in fewer steps
+//! (migrations/0014). There is no timer: a lone take is sent at once, as itself (take.sql or
+//! the pair function), and pays only a task hand-off.
 //!
 //! The calls run on tasks of their own ("drivers"), each looping while the queue is not
 //! empty: one while the queue is short, more (up to `max_in_flight`) once a quarter of a
