@@ -1,6 +1,7 @@
 -- Two shapes of coalesced call get a function of their own; every other call still goes to
 -- decide_rate_budget_batch (0012), whose header says what "decided exactly as one at a time"
--- means. Both decide as that function would, in fewer steps, and answer in its columns.
+-- means. Both decide as that function would, in fewer steps, and answer in its columns (one
+-- answer differs, and only under concurrency: see the second function).
 --
 -- Why: PERF-NOTES.md's ceiling is one commit per decision, and most coalesced calls take the
 -- shape of their workload. One hot bucket's callers send calls of single takes all of that
@@ -124,7 +125,15 @@ $$;
 -- database's (scope, bucket_key) order, the general function's and the pair's, so it cannot
 -- deadlock with them, and whose conflict arm judges each against the latest version under
 -- its lock, finding its take's budget by its key. A take refused there (a concurrent take got
--- the tokens first) is answered without a level, as take.sql answers it.
+-- the tokens between the snapshot and the lock) is answered without a level, as take.sql
+-- answers it, where the general function answers with the locked row: the caller's wait is
+-- then an empty bucket's, an upper bound. Reading those rows back would cost a second
+-- statement on every call to improve the Retry-After of a take that lost a race.
+--
+-- A key must not repeat in a call, even under another scope (a Node's id names its secret
+-- read and its ingest buckets): the conflict arm would find the first take with that key and
+-- debit the other bucket by its budget. The client sends such calls to the general function;
+-- this one refuses them rather than trust it.
 CREATE FUNCTION plexsphere.decide_rate_budget_batch_of_distinct_buckets(
     bucket_scopes text[],
     bucket_keys uuid[],
@@ -144,6 +153,11 @@ LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
+    IF cardinality(ARRAY(SELECT DISTINCT k FROM unnest(bucket_keys) AS k)) <> cardinality(bucket_keys) THEN
+        RAISE EXCEPTION 'decide_rate_budget_batch_of_distinct_buckets: a key repeats; send such a call to decide_rate_budget_batch'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
     RETURN QUERY
     WITH q AS (
         SELECT *

@@ -49,15 +49,22 @@ fn shape() -> impl Strategy<Value = Shape> {
 }
 
 /// The buckets: the first half Node-scoped, the rest Domain-scoped, each with its own limit.
+/// The last has the first's key under its other scope, as a Node's id names several of its
+/// buckets: a call holding both is not a call of distinct keys.
 fn buckets(limits: &[Limit]) -> Vec<(Scope, Key, Limit)> {
     let half = limits.len() / 2;
-    limits
+    let mut buckets: Vec<(Scope, Key, Limit)> = limits
         .iter()
         .enumerate()
         .map(|(i, limit)| {
             (if i < half { Scope::SecretReadNode } else { Scope::SecretReadDomain }, key(), *limit)
         })
-        .collect()
+        .collect();
+    let first_key = buckets[0].1;
+    if let Some(last) = buckets.last_mut().filter(|_| half > 0) {
+        last.1 = first_key;
+    }
+    buckets
 }
 
 fn queue(buckets: &[(Scope, Key, Limit)], steps: &[Step]) -> Vec<(Take, DateTime<Utc>)> {
@@ -164,42 +171,96 @@ async fn a_hot_keys_queue_is_one_call_and_one_row_update(pool: PgPool) {
         sqlx::query_scalar("SELECT tokens FROM plexsphere.rate_budgets").fetch_one(&pool).await.unwrap();
     assert_eq!(tokens, 0.0);
     // Minted once, written once, for sixty takes.
-    let writes: Vec<String> =
-        sqlx::query_scalar("SELECT op FROM writes ORDER BY op").fetch_all(&pool).await.unwrap();
-    assert_eq!(writes, ["INSERT", "UPDATE"]);
+    let writes = || async {
+        sqlx::query_scalar::<_, String>("SELECT op FROM writes ORDER BY op").fetch_all(&pool).await.unwrap()
+    };
+    assert_eq!(writes().await, ["INSERT", "UPDATE"]);
+
+    // The row exists now, so the calls of this bucket no longer mint (migrations/0014): ten
+    // seconds refill ten tokens, and twenty takes are one more row update.
+    let later = instant() + Duration::seconds(10);
+    let queue: Vec<_> =
+        (0..20).map(|_| (Take::Single(Spend::new(Scope::IngestNode, hot, 1.0, limit)), later)).collect();
+    let decisions = store.decide_all(&queue).await;
+    let granted: Vec<bool> =
+        decisions.iter().map(|decision| decision.as_ref().unwrap().is_granted()).collect();
+    assert_eq!(granted, [[true; 10], [false; 10]].concat());
+    assert_eq!(writes().await, ["INSERT", "UPDATE", "UPDATE"]);
+
+    // Twenty more at the same instant: the snapshot foresees every refusal, so the call neither
+    // writes nor locks the row; it is decided while another transaction holds that lock.
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM plexsphere.rate_budgets FOR UPDATE").execute(&mut *holder).await.unwrap();
+    let decisions = tokio::time::timeout(StdDuration::from_secs(30), store.decide_all(&queue))
+        .await
+        .expect("a call of foreseen refusals waited on the row lock");
+    assert!(decisions.iter().all(|decision| !decision.as_ref().unwrap().is_granted()));
+    holder.rollback().await.unwrap();
+    assert_eq!(writes().await, ["INSERT", "UPDATE", "UPDATE"]);
 }
 
+/// Each shape of call goes to its own function: with that function sabotaged (renamed away),
+/// a call of that shape fails, each of its takes with `Error::Database` naming the function,
+/// never a refusal, while calls of the other shapes are still decided.
 #[sqlx::test(migrator = "app::MIGRATOR")]
 async fn a_call_that_fails_fails_each_of_its_takes_and_never_refuses(pool: PgPool) {
     let store = Store::new(pool.clone());
     let limit = Limit::new(1.0, 5.0).unwrap();
-    // Sabotage the coalesced take's functions, whatever the call's shape: the call itself fails.
-    for (function, gone) in [
-        ("decide_rate_budget_batch", "gone"),
-        ("decide_rate_budget_batch_of_one_bucket", "gone_one"),
-        ("decide_rate_budget_batch_of_distinct_buckets", "gone_distinct"),
-    ] {
-        sqlx::query(&format!("ALTER FUNCTION plexsphere.{function} RENAME TO {gone}"))
+    let hot = key();
+    // The hot bucket has a row, so its calls do not hand over to the general function to mint it.
+    assert!(store
+        .decide(Take::Single(Spend::new(Scope::IngestNode, hot, 1.0, limit)), instant())
+        .await
+        .unwrap()
+        .is_granted());
+    let single = |key, cost| (Take::Single(Spend::new(Scope::IngestNode, key, cost, limit)), instant());
+    let shapes: [(&str, Vec<(Take, DateTime<Utc>)>); 3] = [
+        (
+            "decide_rate_budget_batch_of_one_bucket",
+            vec![single(hot, 1.0), single(hot, 0.0), single(hot, 1.0), single(hot, 9.0)],
+        ),
+        (
+            "decide_rate_budget_batch_of_distinct_buckets",
+            vec![single(key(), 1.0), single(key(), 0.0), single(key(), 2.0), single(key(), 9.0)],
+        ),
+        ("decide_rate_budget_batch", {
+            // A pair, and one of its buckets again: neither shape.
+            let (node, domain) = (key(), key());
+            let pair = Take::Pair(
+                Spend::new(Scope::IngestNode, node, 1.0, limit),
+                Spend::new(Scope::IngestDomain, domain, 1.0, limit),
+            );
+            vec![(pair, instant()), single(key(), 0.0), single(node, 2.0), single(key(), 9.0)]
+        }),
+    ];
+    for (sabotaged, _) in &shapes {
+        sqlx::query(&format!("ALTER FUNCTION plexsphere.{sabotaged} RENAME TO gone"))
+            .execute(&pool)
+            .await
+            .unwrap();
+        for (function, queue) in &shapes {
+            let answers = store.decide_all(queue).await;
+            // What needs no query is answered whatever happens to the call.
+            assert!(answers[1].as_ref().unwrap().is_granted());
+            assert!(matches!(answers[3], Ok(Decision::InsufficientCapacity(_))));
+            if function == sabotaged {
+                for answer in [&answers[0], &answers[2]] {
+                    let Err(error @ Error::Database(_)) = answer else { panic!("{function}: {answer:?}") };
+                    let chain = app::http::cause_chain(error);
+                    assert!(chain.contains(&format!("plexsphere.{function}(")), "{chain}");
+                }
+            } else {
+                assert!(
+                    answers[0].is_ok() && answers[2].is_ok(),
+                    "{function} with {sabotaged} gone: {answers:?}"
+                );
+            }
+        }
+        sqlx::query(&format!("ALTER FUNCTION plexsphere.gone RENAME TO {sabotaged}"))
             .execute(&pool)
             .await
             .unwrap();
     }
-    let spend = |cost| Take::Single(Spend::new(Scope::IngestNode, key(), cost, limit));
-    let queue = vec![
-        (spend(1.0), instant()),
-        (spend(0.0), instant()),
-        (spend(2.0), instant()),
-        (spend(9.0), instant()),
-    ];
-    let answers = store.decide_all(&queue).await;
-    assert!(matches!(answers[0], Err(Error::Database(_))), "{:?}", answers[0]);
-    assert!(matches!(answers[2], Err(Error::Database(_))), "{:?}", answers[2]);
-    // What needs no query is still answered.
-    assert!(answers[1].as_ref().unwrap().is_granted());
-    assert!(matches!(answers[3], Ok(Decision::InsufficientCapacity(_))));
-    let error = answers[0].as_ref().unwrap_err();
-    let chain = app::http::cause_chain(error);
-    assert!(chain.contains("decide_rate_budget_batch"), "{chain}");
 }
 
 #[sqlx::test(migrator = "app::MIGRATOR")]
@@ -311,24 +372,29 @@ async fn concurrent_calls_and_pairs_from_several_replicas_never_deadlock(pool: P
     assert_eq!(spent.round(), (48 * debits_per_caller) as f64);
 }
 
-/// Several stores (replicas) spending the same buckets at once, each coalescing its callers'
-/// takes into calls of one hot bucket or of distinct buckets (their own functions since
-/// migrations/0014), and one store sending every take alone: each bucket grants exactly its
-/// burst, whoever's call wins its row lock, and nothing fails.
+/// Several stores (replicas) spending the same buckets at once, two coalescing their callers'
+/// takes into calls of one hot bucket and two into calls of distinct buckets (each shape's own
+/// function since migrations/0014), and one store sending every take alone: each bucket grants
+/// exactly what it holds, whoever's call wins its row lock, and nothing fails.
 #[sqlx::test(migrator = "app::MIGRATOR")]
 async fn replicas_spending_the_same_buckets_grant_each_token_once(pool: PgPool) {
     // Every take at one instant: nothing refills, so a bucket grants its burst and no more.
     let limit = Limit::new(1.0, 40.0).unwrap();
     let hot = key();
     let spread: Vec<Key> = (0..16).map(|_| key()).collect();
-    let replicas = [
-        Store::new(pool.clone()),
-        Store::new(pool.clone()),
-        Store::new(pool.clone()).with_coalescing(Coalescing::OFF),
-    ];
+    // Hot and spread callers on stores of their own, so that each coalescing store's calls
+    // have one shape (a store serving both would mostly send mixed calls to the general
+    // function); one store sends every take alone, from both kinds of caller.
+    let hot_replicas = [Store::new(pool.clone()), Store::new(pool.clone())];
+    let spread_replicas = [Store::new(pool.clone()), Store::new(pool.clone())];
+    let alone = Store::new(pool.clone()).with_coalescing(Coalescing::OFF);
     let mut callers = Vec::new();
     for caller in 0..48usize {
-        let store = replicas[caller % replicas.len()].clone();
+        let store = match (caller % 2, caller % 6) {
+            (_, 0 | 1) => alone.clone(),
+            (0, _) => hot_replicas[caller % 4 / 2].clone(),
+            _ => spread_replicas[caller % 4 / 2].clone(),
+        };
         let spread = spread.clone();
         callers.push(tokio::spawn(async move {
             let mut granted = Vec::new();

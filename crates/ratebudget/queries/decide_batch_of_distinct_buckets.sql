@@ -3,7 +3,9 @@
 -- buckets), decided in one round trip.
 --
 -- The work is in plexsphere.decide_rate_budget_batch_of_distinct_buckets (migrations/0014),
--- which decides exactly as decide_batch.sql would. Parameters, per take: $1 scope, $2 key,
+-- which decides as decide_batch.sql would (a take refused under the row lock, after a
+-- concurrent take won the race, is answered without a level, as take.sql answers it; the
+-- function's header says why). No key may repeat. Parameters, per take: $1 scope, $2 key,
 -- $3 cost, $4 rate, $5 burst, $6 the caller's instant. One row per take, in decide_batch.sql's
 -- columns.
 SELECT take, refused, first_tokens, first_refilled_at, second_tokens, second_refilled_at
