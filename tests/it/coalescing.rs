@@ -67,7 +67,10 @@ fn buckets(limits: &[Limit]) -> Vec<(Scope, Key, Limit)> {
     buckets
 }
 
-fn queue(buckets: &[(Scope, Key, Limit)], steps: &[Step]) -> Vec<(Take, DateTime<Utc>)> {
+/// Takes in queue order, each with its caller's instant.
+type Queue = Vec<(Take, DateTime<Utc>)>;
+
+fn queue(buckets: &[(Scope, Key, Limit)], steps: &[Step]) -> Queue {
     let spend = |(bucket, cost): (usize, f64)| {
         let (scope, key, limit) = buckets[bucket];
         Spend::new(scope, key, cost, limit)
@@ -214,7 +217,7 @@ async fn a_call_that_fails_fails_each_of_its_takes_and_never_refuses(pool: PgPoo
         .unwrap()
         .is_granted());
     let single = |key, cost| (Take::Single(Spend::new(Scope::IngestNode, key, cost, limit)), instant());
-    let shapes: [(&str, Vec<(Take, DateTime<Utc>)>); 3] = [
+    let shapes: [(&str, Queue); 3] = [
         (
             "decide_rate_budget_batch_of_one_bucket",
             vec![single(hot, 1.0), single(hot, 0.0), single(hot, 1.0), single(hot, 9.0)],
