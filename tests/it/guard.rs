@@ -84,7 +84,7 @@ fn the_precheck_refuses_only_what_the_shared_bucket_would_refuse() {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let (database, pool) = runtime.block_on(FreshDatabase::create());
     let store = Store::new(pool.clone());
-    let config = ProptestConfig { cases: 40, ..ProptestConfig::default() };
+    let config = ProptestConfig { cases: 160, ..ProptestConfig::default() };
     let prechecked = std::sync::atomic::AtomicUsize::new(0);
     proptest!(config, |(
         per_second in 0.5f64..20.0,
@@ -141,7 +141,10 @@ fn the_precheck_refuses_only_what_the_shared_bucket_would_refuse() {
         }
     });
     // The workloads must have made the pre-check refuse, or the property says nothing.
-    assert!(prechecked.into_inner() > 20, "the pre-check hardly refused: the workloads are too gentle");
+    // 160 cases make 129-173 pre-check refusals (measured); 40 cases made 28-41 and, now and
+    // then, fewer than this check's floor, which failed a CI run without any bug.
+    let prechecked = prechecked.into_inner();
+    assert!(prechecked > 40, "the pre-check hardly refused ({prechecked}): the workloads are too gentle");
     runtime.block_on(database.drop_database(pool));
 }
 
