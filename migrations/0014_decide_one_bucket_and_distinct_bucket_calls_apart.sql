@@ -44,6 +44,7 @@ DECLARE
     held double precision;
     held_at timestamptz;
     level double precision;
+    missing boolean;
     locked boolean := false;
     changed boolean := false;
     i integer;
@@ -56,7 +57,28 @@ BEGIN
     FROM plexsphere.rate_budgets AS r
     WHERE r.scope = bucket_scope
       AND r.bucket_key = decide_rate_budget_batch_of_one_bucket.bucket_key;
-    IF NOT FOUND THEN
+    missing := NOT FOUND;
+
+    -- Lock only if the snapshot does not foresee every take refused: refusals it foresees
+    -- lock and write nothing, as take.sql's.
+    IF NOT missing THEN
+        FOR i IN 1..takes LOOP
+            IF plexsphere.rate_budget_level(held, held_at, rates[i], bursts[i], nows[i]) >= costs[i] THEN
+                SELECT r.tokens, r.refilled_at INTO held, held_at
+                FROM plexsphere.rate_budgets AS r
+                WHERE r.scope = bucket_scope
+                  AND r.bucket_key = decide_rate_budget_batch_of_one_bucket.bucket_key
+                FOR UPDATE;
+                missing := NOT FOUND;
+                locked := true;
+                EXIT;
+            END IF;
+        END LOOP;
+    END IF;
+
+    -- No row to decide against (never minted, or swept since the snapshot): the general
+    -- function mints it. Nothing is locked here, so this cannot deadlock.
+    IF missing THEN
         RETURN QUERY SELECT * FROM plexsphere.decide_rate_budget_batch(
             ARRAY[bucket_scope], ARRAY[decide_rate_budget_batch_of_one_bucket.bucket_key],
             array_fill(1, ARRAY[takes]), costs, rates, bursts,
@@ -65,29 +87,6 @@ BEGIN
             nows);
         RETURN;
     END IF;
-
-    -- Lock only if the snapshot does not foresee every take refused: refusals it foresees
-    -- lock and write nothing, as take.sql's.
-    FOR i IN 1..takes LOOP
-        IF plexsphere.rate_budget_level(held, held_at, rates[i], bursts[i], nows[i]) >= costs[i] THEN
-            SELECT r.tokens, r.refilled_at INTO held, held_at
-            FROM plexsphere.rate_budgets AS r
-            WHERE r.scope = bucket_scope
-              AND r.bucket_key = decide_rate_budget_batch_of_one_bucket.bucket_key
-            FOR UPDATE;
-            IF NOT FOUND THEN
-                RETURN QUERY SELECT * FROM plexsphere.decide_rate_budget_batch(
-                    ARRAY[bucket_scope], ARRAY[decide_rate_budget_batch_of_one_bucket.bucket_key],
-                    array_fill(1, ARRAY[takes]), costs, rates, bursts,
-                    array_fill(NULL::integer, ARRAY[takes]), array_fill(NULL::double precision, ARRAY[takes]),
-                    array_fill(NULL::double precision, ARRAY[takes]), array_fill(NULL::double precision, ARRAY[takes]),
-                    nows);
-                RETURN;
-            END IF;
-            locked := true;
-            EXIT;
-        END IF;
-    END LOOP;
 
     -- Judge in order against the locked row (or, when nothing was locked, the snapshot, which
     -- refuses them all).

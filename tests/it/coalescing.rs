@@ -436,3 +436,47 @@ async fn replicas_spending_the_same_buckets_grant_each_token_once(pool: PgPool) 
         .unwrap();
     assert!(left < 1.0, "the hot bucket is spent: {left}");
 }
+
+/// The sweep deletes a bucket's row while a call of that bucket's takes waits for its lock
+/// (the row was there in the call's snapshot): the call decides against a bucket minted
+/// afresh, full, as the takes one at a time would after the sweep, not against the deleted
+/// row's level.
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_bucket_swept_while_its_call_waits_is_minted_afresh(pool: PgPool) {
+    let store = Store::new(pool.clone());
+    let limit = Limit::new(1.0, 10.0).unwrap();
+    let bucket = key();
+    let take = Take::Single(Spend::new(Scope::IngestNode, bucket, 1.0, limit));
+    // Nine of ten spent: one token left in the row.
+    let spend_nine: Vec<_> = (0..9).map(|_| (take, instant())).collect();
+    assert!(store
+        .decide_all(&spend_nine)
+        .await
+        .iter()
+        .all(|decision| decision.as_ref().unwrap().is_granted()));
+
+    let mut sweeper = pool.begin().await.unwrap();
+    sqlx::query("DELETE FROM plexsphere.rate_budgets").execute(&mut *sweeper).await.unwrap();
+    let call = tokio::spawn({
+        let store = store.clone();
+        async move { store.decide_all(&[(take, instant()), (take, instant()), (take, instant())]).await }
+    });
+    crate::support::replicas::eventually(StdDuration::from_secs(5), "the call waits on the row", || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        waiting == 1
+    })
+    .await;
+    sweeper.commit().await.unwrap();
+
+    // Against the deleted row only the first would be granted; against a fresh bucket, all.
+    let decisions = call.await.unwrap();
+    assert!(decisions.iter().all(|decision| decision.as_ref().unwrap().is_granted()), "{decisions:?}");
+    let tokens: f64 =
+        sqlx::query_scalar("SELECT tokens FROM plexsphere.rate_budgets").fetch_one(&pool).await.unwrap();
+    assert_eq!(tokens, 7.0);
+}

@@ -377,23 +377,22 @@ async fn run_many(
         .collect();
     let nows: Vec<DateTime<Utc>> = statements.iter().map(|(_, now)| *now).collect();
     let rows = match singles {
-        Some(spends) if buckets.len() == 1 => {
-            let (scope, key) = (spends[0].scope, spends[0].key);
-            sqlx::query_as::<_, BatchRow>(DECIDE_BATCH_OF_ONE_BUCKET)
-                .bind(scope.as_str())
-                .bind(key.as_uuid())
-                .bind(spends.iter().map(|spend| spend.cost).collect::<Vec<_>>())
-                .bind(spends.iter().map(|spend| spend.limit.per_second()).collect::<Vec<_>>())
-                .bind(spends.iter().map(|spend| spend.limit.burst()).collect::<Vec<_>>())
-                .bind(&nows)
-                .fetch_all(&mut *connection)
-                .await?
-        }
-        // Distinct keys, not only distinct (scope, key): the function finds a take by its key.
-        Some(spends) if spends.iter().map(|spend| spend.key).collect::<HashSet<_>>().len() == n => {
-            sqlx::query_as::<_, BatchRow>(DECIDE_BATCH_OF_DISTINCT_BUCKETS)
-                .bind(spends.iter().map(|spend| spend.scope.as_str()).collect::<Vec<_>>())
-                .bind(spends.iter().map(|spend| spend.key.as_uuid()).collect::<Vec<_>>())
+        // One bucket, or distinct keys (not only distinct (scope, key): that function finds a
+        // take by its key). Both functions take the same parameters after the buckets.
+        Some(spends)
+            if buckets.len() == 1
+                || spends.iter().map(|spend| spend.key).collect::<HashSet<_>>().len() == n =>
+        {
+            let query = if buckets.len() == 1 {
+                sqlx::query_as::<_, BatchRow>(DECIDE_BATCH_OF_ONE_BUCKET)
+                    .bind(spends[0].scope.as_str())
+                    .bind(spends[0].key.as_uuid())
+            } else {
+                sqlx::query_as::<_, BatchRow>(DECIDE_BATCH_OF_DISTINCT_BUCKETS)
+                    .bind(spends.iter().map(|spend| spend.scope.as_str()).collect::<Vec<_>>())
+                    .bind(spends.iter().map(|spend| spend.key.as_uuid()).collect::<Vec<_>>())
+            };
+            query
                 .bind(spends.iter().map(|spend| spend.cost).collect::<Vec<_>>())
                 .bind(spends.iter().map(|spend| spend.limit.per_second()).collect::<Vec<_>>())
                 .bind(spends.iter().map(|spend| spend.limit.burst()).collect::<Vec<_>>())
