@@ -67,6 +67,21 @@ fn buckets(limits: &[Limit]) -> Vec<(Scope, Key, Limit)> {
     buckets
 }
 
+/// Returns once exactly one session of this test's database waits on a lock: a call held
+/// behind a row another transaction of the test has locked.
+async fn a_call_waits_on_a_row_lock(pool: &PgPool) {
+    crate::support::replicas::eventually(StdDuration::from_secs(5), "a call waits on the row", || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        waiting == 1
+    })
+    .await;
+}
+
 /// Takes in queue order, each with its caller's instant.
 type Queue = Vec<(Take, DateTime<Utc>)>;
 
@@ -288,16 +303,7 @@ async fn a_caller_that_stops_waiting_cancels_nobody_elses_decision(pool: PgPool)
         let store = store.clone();
         async move { tokio::time::timeout(StdDuration::from_secs(30), store.decide(take, instant())).await }
     });
-    crate::support::replicas::eventually(StdDuration::from_secs(5), "a call waits on the row", || async {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
-        )
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        waiting == 1
-    })
-    .await;
+    a_call_waits_on_a_row_lock(&pool).await;
     on_the_wire.abort();
     assert!(on_the_wire.await.unwrap_err().is_cancelled());
     // ...while two callers queue behind it, and one more queues and gives up.
@@ -461,16 +467,7 @@ async fn a_bucket_swept_while_its_call_waits_is_minted_afresh(pool: PgPool) {
         let store = store.clone();
         async move { store.decide_all(&[(take, instant()), (take, instant()), (take, instant())]).await }
     });
-    crate::support::replicas::eventually(StdDuration::from_secs(5), "the call waits on the row", || async {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
-        )
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        waiting == 1
-    })
-    .await;
+    a_call_waits_on_a_row_lock(&pool).await;
     sweeper.commit().await.unwrap();
 
     // Against the deleted row only the first would be granted; against a fresh bucket, all.
