@@ -16,6 +16,13 @@ fn parse(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
     Config::from_knobs(&knobs)
 }
 
+/// The required knobs but the operator token, which the operator tests give their own way.
+fn parse_without_operator_token(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    let required = REQUIRED.iter().filter(|(knob, _)| *knob != OPERATOR_TOKEN);
+    let knobs = Knobs::from_pairs(required.chain(pairs).copied()).expect("knobs parse");
+    Config::from_knobs(&knobs)
+}
+
 #[track_caller]
 fn rejects(pairs: &[(&str, &str)], knob: &str) {
     let error = parse(pairs).unwrap_err();
@@ -170,14 +177,7 @@ fn a_key_knob_error_never_repeats_the_key() {
 
 #[track_caller]
 fn operators(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-    let knobs = Knobs::from_pairs(
-        [(DATABASE_URL, "postgres://postgres@127.0.0.1:5432/postgres"), (SECRETS_KEY, KEY)]
-            .iter()
-            .chain(pairs)
-            .copied(),
-    )
-    .unwrap();
-    let config = Config::from_knobs(&knobs).unwrap();
+    let config = parse_without_operator_token(pairs).unwrap();
     config.operators.into_iter().map(|operator| (operator.name.as_str().to_owned(), operator.token)).collect()
 }
 
@@ -199,14 +199,7 @@ fn operator_tokens_are_named_and_the_single_token_is_the_operator() {
 #[test]
 fn unusable_operator_tokens_are_refused_naming_the_knob_never_the_token() {
     let base = |pairs: &[(&'static str, &'static str)]| -> ConfigError {
-        let knobs = Knobs::from_pairs(
-            [(DATABASE_URL, "postgres://postgres@127.0.0.1:5432/postgres"), (SECRETS_KEY, KEY)]
-                .iter()
-                .chain(pairs)
-                .copied(),
-        )
-        .unwrap();
-        Config::from_knobs(&knobs).unwrap_err()
+        parse_without_operator_token(pairs).unwrap_err()
     };
     assert_eq!(base(&[]).knob, OPERATOR_TOKENS);
     for (pairs, knob) in [
