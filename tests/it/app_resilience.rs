@@ -283,3 +283,83 @@ async fn metrics_name_every_outcome_duration_and_pool(_: PgPoolOptions, connect:
     }
     replica.stop().await;
 }
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn an_open_circuit_whose_probe_lost_its_client_returns_to_the_store_and_admits_the_burst_again(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Issue 20's acceptance. Secret reads fail OPEN; the table is locked, so replica A's takes
+    // time out and its circuit opens; the client of the take that probes the store hangs up
+    // mid-take; the lock is released. Before the fix A never asked the store again (the probe's
+    // mark stayed), admitting every read without limit.
+    let clock = Arc::new(ManualClock::new(instant()));
+    let knobs = [
+        ("PLEXSPHERE_DECISION_TIMEOUT_MS", "250"),
+        ("PLEXSPHERE_SECRET_READ_NODE_FAIL_MODE", "open"),
+        ("PLEXSPHERE_SECRET_READ_DOMAIN_FAIL_MODE", "open"),
+    ];
+    let wiring = || Wiring { time: TimeSource::Given(clock.clone()), leader_timing: QUIET_LEADER };
+    let a = Replica::start_with(config(&connect, &knobs), wiring()).await;
+    let b = Replica::start_with(config(&connect, &knobs), wiring()).await;
+    let domain = a.create_domain("d", None).await;
+    let (_, outage) = a.enrol(&domain, "read-during-the-outage").await;
+    let (_, traffic) = a.enrol(&domain, "read-after-it").await;
+    let (_, counted) = a.enrol(&domain, "counted").await;
+    a.put_secret(&domain, "key", "value").await;
+
+    let mut locker = PgConnection::connect_with(&connect).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut locker).await.unwrap();
+    sqlx::query("LOCK TABLE plexsphere.rate_budgets IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut locker)
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        assert_eq!(a.get("/v1/secrets/key", Some(&outage)).await.status, StatusCode::OK, "admitted open");
+    }
+    let failing = "plexsphere_rate_budget_fallback_active{scope=\"secret_read_node\"}";
+    assert_eq!(a.metric(failing).await, Some(1.0));
+
+    // While the circuit is open, reads skip the store at once; the one that probes waits on
+    // the table, and its client hangs up on it.
+    let impatient = reqwest::Client::builder().timeout(Duration::from_millis(150)).build().unwrap();
+    let url = format!("{}/v1/secrets/key", a.base());
+    let errors = "plexsphere_rate_budget_decisions_total{scope=\"secret_read_node\",outcome=\"error\"}";
+    let errors_before = a.metric(errors).await.unwrap_or(0.0);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        assert!(Instant::now() < deadline, "no read probed the store");
+        match impatient.get(&url).bearer_auth(&outage).send().await {
+            Ok(answer) => assert_eq!(answer.status(), StatusCode::OK),
+            Err(error) if error.is_timeout() => break,
+            Err(error) => panic!("{error}"),
+        }
+    }
+    // The replica dropped that take undecided (it counts it as an error).
+    eventually(Duration::from_secs(2), "the hung-up probe is dropped", || async {
+        a.metric(errors).await.unwrap_or(0.0) > errors_before
+    })
+    .await;
+    sqlx::query("COMMIT").execute(&mut locker).await.unwrap();
+
+    // Within two seconds A decides from the store again...
+    eventually(Duration::from_secs(2), "replica A asks the store again", || async {
+        assert_eq!(a.get("/v1/secrets/key", Some(&traffic)).await.status, StatusCode::OK);
+        a.metric(failing).await == Some(0.0)
+    })
+    .await;
+    // ...and a Node is admitted exactly its burst of 20 across both replicas.
+    let mut admitted = 0;
+    for i in 0..30 {
+        let replica = if i % 2 == 0 { &a } else { &b };
+        let answer = replica.get("/v1/secrets/key", Some(&counted)).await;
+        match answer.status {
+            StatusCode::OK => admitted += 1,
+            StatusCode::TOO_MANY_REQUESTS => {}
+            _ => panic!("{answer:?}"),
+        }
+    }
+    assert_eq!(admitted, 20);
+    a.stop().await;
+    b.stop().await;
+}

@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use ratebudget::{Coalescing, Decision, Error, Key, Limit, Scope, Spend, Store, Take};
 use sqlx::PgPool;
 
-use crate::support::helpers::{instant, key, FreshDatabase};
+use crate::support::helpers::{instant, key, sessions_wait_on_a_lock, FreshDatabase};
 
 /// Every bucket's row, in key order, for comparing two databases' end states.
 async fn rows(pool: &PgPool) -> Vec<(String, uuid::Uuid, f64, DateTime<Utc>)> {
@@ -65,21 +65,6 @@ fn buckets(limits: &[Limit]) -> Vec<(Scope, Key, Limit)> {
         last.1 = first_key;
     }
     buckets
-}
-
-/// Returns once exactly one session of this test's database waits on a lock: a call held
-/// behind a row another transaction of the test has locked.
-async fn a_call_waits_on_a_row_lock(pool: &PgPool) {
-    crate::support::replicas::eventually(StdDuration::from_secs(5), "a call waits on the row", || async {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
-        )
-        .fetch_one(pool)
-        .await
-        .unwrap();
-        waiting == 1
-    })
-    .await;
 }
 
 /// Takes in queue order, each with its caller's instant.
@@ -303,7 +288,7 @@ async fn a_caller_that_stops_waiting_cancels_nobody_elses_decision(pool: PgPool)
         let store = store.clone();
         async move { tokio::time::timeout(StdDuration::from_secs(30), store.decide(take, instant())).await }
     });
-    a_call_waits_on_a_row_lock(&pool).await;
+    sessions_wait_on_a_lock(&pool, 1).await;
     on_the_wire.abort();
     assert!(on_the_wire.await.unwrap_err().is_cancelled());
     // ...while two callers queue behind it, and one more queues and gives up.
@@ -467,7 +452,7 @@ async fn a_bucket_swept_while_its_call_waits_is_minted_afresh(pool: PgPool) {
         let store = store.clone();
         async move { store.decide_all(&[(take, instant()), (take, instant()), (take, instant())]).await }
     });
-    a_call_waits_on_a_row_lock(&pool).await;
+    sessions_wait_on_a_lock(&pool, 1).await;
     sweeper.commit().await.unwrap();
 
     // Against the deleted row only the first would be granted; against a fresh bucket, all.

@@ -13,7 +13,7 @@ use ratebudget::{
 };
 use sqlx::PgPool;
 
-use crate::support::helpers::{instant, key, unreachable_pool, FreshDatabase};
+use crate::support::helpers::{instant, key, sessions_wait_on_a_lock, unreachable_pool, FreshDatabase};
 
 /// Remembers where the last decision came from.
 #[derive(Debug, Default)]
@@ -238,4 +238,246 @@ async fn each_take_fails_by_its_own_mode_and_a_pair_by_the_stricter_of_two() {
     assert_eq!(*observer.0.lock().unwrap(), Some(Source::Fallback));
     let answer = guard.decide(Take::Pair(open, closed), now).await;
     assert!(matches!(&answer, Err(undecided) if undecided.is_store_failure()), "{answer:?}");
+}
+
+/// A guard with a short decision timeout, for tests that make the store stall or fail, and
+/// room for `capacity` buckets.
+fn guard_with_capacity(store: &Store, observer: Arc<dyn Observer>, capacity: u64) -> Guard {
+    let config = GuardConfig { decision_timeout: StdDuration::from_millis(200), capacity };
+    Guard::new(Arc::new(store.clone()), config, observer)
+}
+
+/// `spend` failing by `fail_mode` when the store cannot answer.
+fn failing_by(spend: Spend, fail_mode: FailMode) -> Spend {
+    Spend { enforcement: Enforcement { fail_mode, ..Enforcement::STRICT }, ..spend }
+}
+
+/// Locks `plexsphere.rate_budgets` in a transaction of its own until the returned connection
+/// commits: every take waits on it.
+async fn lock_the_table(pool: &PgPool) -> sqlx::pool::PoolConnection<sqlx::Postgres> {
+    let mut locker = pool.acquire().await.unwrap();
+    sqlx::query("BEGIN").execute(&mut *locker).await.unwrap();
+    sqlx::query("LOCK TABLE plexsphere.rate_budgets IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *locker)
+        .await
+        .unwrap();
+    locker
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_probe_whose_caller_stops_waiting_leaves_the_next_take_to_probe(pool: PgPool) {
+    // Issue 20, item 1. The probe marked the circuit as probing and only its answer cleared
+    // the mark: a probe dropped mid-wait left every later OPEN or LOCAL take deciding without
+    // the store for good, however well the store answered again.
+    let store = Store::new(pool.clone());
+    let observer = Arc::new(LastSource::default());
+    let guard = guard_with_capacity(&store, observer.clone(), 1000);
+    let open = |cost| {
+        Take::Single(failing_by(
+            Spend::new(Scope::SecretReadNode, key(), cost, Limit::new(1.0, 5.0).unwrap()),
+            FailMode::Open,
+        ))
+    };
+    let now = instant();
+
+    let mut locker = lock_the_table(&pool).await;
+    for _ in 0..3 {
+        assert!(guard.decide(open(1.0), now).await.unwrap().is_granted());
+        assert_eq!(*observer.0.lock().unwrap(), Some(Source::Open), "timed out, admitted open");
+    }
+    assert!(guard.store_failing(), "three failures in a row open the circuit");
+
+    // Every take skips the open circuit at once until a probe is due; the probe waits on the
+    // table, and its caller gives up on it after 50 ms.
+    let deadline = std::time::Instant::now() + StdDuration::from_secs(5);
+    loop {
+        assert!(std::time::Instant::now() < deadline, "no take probed the store");
+        match tokio::time::timeout(StdDuration::from_millis(50), guard.decide(open(1.0), now)).await {
+            Ok(decision) => assert!(decision.unwrap().is_granted()),
+            Err(_) => break,
+        }
+    }
+    sqlx::query("COMMIT").execute(&mut *locker).await.unwrap();
+
+    // The store answers again, and the next take finds it so: it probes at once.
+    assert!(guard.decide(open(1.0), now).await.unwrap().is_granted());
+    assert_eq!(
+        *observer.0.lock().unwrap(),
+        Some(Source::Store),
+        "the take after the dropped probe asks the store"
+    );
+    assert!(!guard.store_failing());
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn takes_dropped_before_the_store_answered_leave_nothing_behind_in_the_precheck(pool: PgPool) {
+    // Issue 20, item 1. The pre-check reserved a take's cost in a local bucket on the way to
+    // the store and refunded it only on the store's answer: takes whose callers stopped
+    // waiting were never refunded, and the bucket refused what the store would admit.
+    let store = Store::new(pool.clone());
+    let observer = Arc::new(LastSource::default());
+    let guard = Arc::new(guard(&store, observer.clone()));
+    let bucket = key();
+    let spend = Take::Single(Spend::new(Scope::SecretReadNode, bucket, 1.0, Limit::new(1.0, 10.0).unwrap()));
+    let now = instant();
+    assert!(guard.decide(spend, now).await.unwrap().is_granted(), "minted, 9 left");
+
+    // Another transaction holds the row: the next take's call waits on it, and the twenty
+    // after it queue behind that call; their callers give up before they are sent.
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM plexsphere.rate_budgets WHERE bucket_key = $1 FOR UPDATE")
+        .bind(bucket.as_uuid())
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let on_the_wire = tokio::spawn({
+        let guard = guard.clone();
+        async move { guard.decide(spend, now).await }
+    });
+    sessions_wait_on_a_lock(&pool, 1).await;
+    for _ in 0..20 {
+        let _ = tokio::time::timeout(StdDuration::from_millis(20), guard.decide(spend, now)).await;
+    }
+    holder.rollback().await.unwrap();
+    assert!(on_the_wire.await.unwrap().unwrap().is_granted(), "8 left");
+
+    // The twenty were never sent, so the bucket holds 8: exactly 8 more are granted, by the
+    // store, and then the store's refusal is what the pre-check learns from.
+    let mut granted = 0;
+    for _ in 0..10 {
+        let decision = guard.decide(spend, now).await.unwrap();
+        if decision.is_granted() {
+            granted += 1;
+        } else {
+            assert_eq!(granted, 8, "refused after {granted} grants: {decision:?}");
+        }
+    }
+    assert_eq!(granted, 8);
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn the_precheck_counts_nothing_in_flight_that_the_store_may_refuse(pool: PgPool) {
+    // Issue 20, item 4. The pre-check's local bucket (twice the burst) was debited for every
+    // take in flight: two takes of 10 in flight against a burst of 10 left nothing for a
+    // take of 1, although the store, refusing both (another replica had spent 5), grants it.
+    let store = Store::new(pool.clone());
+    let observer = Arc::new(LastSource::default());
+    let guard = Arc::new(guard(&store, observer.clone()));
+    let bucket = key();
+    let limit = Limit::new(1.0, 10.0).unwrap();
+    let take = move |cost| Take::Single(Spend::new(Scope::SecretReadNode, bucket, cost, limit));
+    let t0 = instant();
+    assert!(guard.decide(take(1.0), t0).await.unwrap().is_granted(), "the guard learns (9, t0)");
+    // Ten seconds later the row it knows is full again. Another replica is spending 5 of it:
+    // its transaction holds the row, not yet committed, so the snapshot still shows it full.
+    let now = t0 + Duration::seconds(10);
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("UPDATE plexsphere.rate_budgets SET tokens = 5, refilled_at = $2 WHERE bucket_key = $1")
+        .bind(bucket.as_uuid())
+        .bind(now)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let spawn = |cost| {
+        let guard = guard.clone();
+        tokio::spawn(async move { guard.decide(take(cost), now).await })
+    };
+    let tens = [spawn(10.0), spawn(10.0)];
+    sessions_wait_on_a_lock(&pool, 1).await;
+    let one = spawn(1.0);
+    holder.commit().await.unwrap();
+    for ten in tens {
+        assert!(!ten.await.unwrap().unwrap().is_granted(), "5 cannot cover 10");
+    }
+    let decision = one.await.unwrap().unwrap();
+    assert!(decision.is_granted(), "5 covers 1: {decision:?}");
+}
+
+#[tokio::test]
+async fn the_fallback_keeps_its_buckets_through_whatever_the_precheck_forgets() {
+    // Issue 20, item 2. The fallback's bucket lived in the pre-check's entry, so a reset, a
+    // rule that may have grown, a reconnected listener or an eviction handed the bucket
+    // another burst on this replica in the middle of an outage.
+    let store = Store::new(unreachable_pool());
+    let observer = Arc::new(LastSource::default());
+    let guard = guard_with_capacity(&store, observer.clone(), 1000);
+    let now = instant();
+    let bucket = key();
+    let local = Take::Single(failing_by(
+        Spend::new(Scope::SecretReadNode, bucket, 1.0, Limit::new(1.0, 3.0).unwrap()),
+        FailMode::Local,
+    ));
+    for _ in 0..3 {
+        assert!(guard.decide(local, now).await.unwrap().is_granted());
+        assert_eq!(*observer.0.lock().unwrap(), Some(Source::Fallback));
+    }
+    for forget in [
+        &(|guard: &Guard| guard.forget(Scope::SecretReadNode, bucket)) as &dyn Fn(&Guard),
+        &|guard: &Guard| guard.forget_scope(Scope::SecretReadNode),
+        &|guard: &Guard| guard.forget_all(),
+    ] {
+        forget(&guard);
+        let decision = guard.decide(local, now).await.unwrap();
+        assert!(!decision.is_granted(), "the fallback's bucket is spent: {decision:?}");
+        assert_eq!(*observer.0.lock().unwrap(), Some(Source::Fallback));
+    }
+    // Refilled, it is what a new bucket would be.
+    assert!(guard.decide(local, now + Duration::seconds(1)).await.unwrap().is_granted());
+}
+
+#[tokio::test]
+async fn a_fallback_at_capacity_forgets_only_full_buckets_and_decides_no_other() {
+    // Issue 20, item 2: eviction. The pre-check remembers two buckets; the fallback keeps
+    // every bucket that is not full, up to two, and a take of a third is not decided (the
+    // store's failure, a 500) rather than decided from a bucket that would start full.
+    let store = Store::new(unreachable_pool());
+    let observer = Arc::new(LastSource::default());
+    let guard = guard_with_capacity(&store, observer.clone(), 2);
+    let now = instant();
+    let local = |bucket| {
+        Take::Single(failing_by(
+            Spend::new(Scope::SecretReadNode, bucket, 3.0, Limit::new(1.0, 3.0).unwrap()),
+            FailMode::Local,
+        ))
+    };
+    let (a, b, c) = (key(), key(), key());
+    assert!(guard.decide(local(a), now).await.unwrap().is_granted());
+    assert!(guard.decide(local(b), now).await.unwrap().is_granted());
+    let undecided = guard.decide(local(c), now).await;
+    assert!(matches!(&undecided, Err(undecided) if undecided.is_store_failure()), "{undecided:?}");
+    assert!(!guard.decide(local(a), now).await.unwrap().is_granted(), "a is still spent");
+    // Three seconds on, a and b are full: forgotten, and c has room.
+    let later = now + Duration::seconds(3);
+    assert!(guard.decide(local(c), later).await.unwrap().is_granted());
+    assert!(!guard.decide(local(c), later).await.unwrap().is_granted());
+}
+
+#[tokio::test]
+async fn a_pair_with_a_free_side_or_one_bucket_twice_decides_by_its_fail_mode() {
+    // Issue 20, item 4. Such pairs went to the store without the decision timeout, the
+    // circuit or the fail mode: with the store down, a LOCAL pair was a 500.
+    let store = Store::new(unreachable_pool());
+    let observer = Arc::new(LastSource::default());
+    let guard = guard_with_capacity(&store, observer.clone(), 1000);
+    let now = instant();
+    let spend = |bucket, cost| {
+        failing_by(
+            Spend::new(Scope::SecretReadNode, bucket, cost, Limit::new(1.0, 3.0).unwrap()),
+            FailMode::Local,
+        )
+    };
+    let (a, b) = (key(), key());
+    let free_side = Take::Pair(spend(b, 0.0), spend(a, 1.0));
+    for _ in 0..3 {
+        let decision = guard.decide(free_side, now).await.unwrap();
+        assert!(decision.is_granted(), "{decision:?}");
+        assert_eq!(*observer.0.lock().unwrap(), Some(Source::Fallback));
+    }
+    let Decision::Refused(refusal) = guard.decide(free_side, now).await.unwrap() else { panic!() };
+    assert_eq!(refusal.which, ratebudget::Which::Second, "the refused side is named as the caller named it");
+
+    let twice = Take::Pair(spend(b, 1.0), spend(b, 1.0));
+    assert!(guard.decide(twice, now).await.unwrap().is_granted());
+    assert_eq!(*observer.0.lock().unwrap(), Some(Source::Fallback));
+    assert!(!guard.decide(twice, now).await.unwrap().is_granted(), "2 of 3 spent, 2 more do not fit");
 }

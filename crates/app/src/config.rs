@@ -647,6 +647,10 @@ impl Config {
             (AUTH_FAILURE_BURST, knobs.auth_failure_burst),
             1.0,
         )?;
+        auth_failures.fits_gcra().map_err(|unfit| {
+            let knob = if unfit.field == "per_second" { AUTH_FAILURE_PER_SECOND } else { AUTH_FAILURE_BURST };
+            ConfigError::new(knob, unfit.reason)
+        })?;
         let trusted_proxies = crate::http::throttle::parse_trusted_proxies(&knobs.trusted_proxies)
             .map_err(|problem| ConfigError::new(TRUSTED_PROXIES, problem))?;
         if !(1..=1024).contains(&knobs.take_batch_max) {
@@ -659,6 +663,18 @@ impl Config {
         }
         if !(10..=60_000).contains(&knobs.decision_timeout_ms) {
             return Err(ConfigError::new(DECISION_TIMEOUT_MS, "must be between 10 and 60000"));
+        }
+        // A take must give up on the store before the request gives up on the take: a request
+        // whose database time ran out first would drop the take mid-wait, and its fail mode
+        // would never decide it (a 500 where LOCAL or OPEN should have answered).
+        if knobs.decision_timeout_ms >= knobs.database_timeout_ms {
+            return Err(ConfigError::new(
+                DECISION_TIMEOUT_MS,
+                format!(
+                    "must be below {DATABASE_TIMEOUT_MS} ({} ms), the request's database deadline it waits within; it is {} ms",
+                    knobs.database_timeout_ms, knobs.decision_timeout_ms
+                ),
+            ));
         }
         let fail_modes = HashMap::from([
             (Scope::SecretReadNode, knobs.secret_read_node_fail_mode.into()),

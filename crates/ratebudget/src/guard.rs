@@ -3,11 +3,10 @@
 //! A [`Guard`] is a [`Decider`] wrapping another (the [`Store`](crate::Store)), per replica.
 //! It adds, in the order a take meets them:
 //!
-//! 1. **The pre-check.** Per bucket it keeps (a) the reference's local bucket, twice the
-//!    burst at the same rate, debited when a take is sent to the store and refunded when the
-//!    store does not debit; and (b) the bucket's row as the store last described it (what a
-//!    grant left, or what a refusal judged). A take whose cost (b) cannot cover yet, or that
-//!    (a) cannot cover, is refused here, without a statement.
+//! 1. **The pre-check.** Per bucket it keeps the bucket's row as the store last described it
+//!    (what a grant left, or what a refusal judged; for a named limiter, the key's TAT). A
+//!    take that row cannot cover yet is refused here, without a statement, with the exact
+//!    wait.
 //! 2. **The store**, asked with a deadline (the decision timeout), behind a circuit: after a
 //!    few failures in a row, takes that do not fail closed do not ask it at all (they decide
 //!    by their fail mode at once) while it is probed twice a second, until a probe or any
@@ -22,16 +21,21 @@
 //!
 //! # Which takes the pre-check refuses that the store would admit
 //!
-//! None, with one bounded exception. (b) refuses when `limit.level(row, now) < cost`, the
-//! store's own arithmetic ([`Limit::level`]) on a row the store wrote or read. Every later
+//! None, with one bounded exception. It refuses when `limit.level(row, now) < cost`, the
+//! store's own arithmetic ([`Limit::level`](crate::Limit::level)) on a row the store wrote or read. Every later
 //! version of that row was written by a take, and a take only lowers a bucket: whatever it
 //! spent is gone, and refill is a deterministic function of the instant. So the row the store
 //! would judge holds at most what the known one does, and the store refuses too. A reset is
 //! the one thing that adds tokens, and it tells every replica to forget the bucket (see
-//! [`Store::reset`](crate::Store::reset) and [`follow_resets`]). (a) debits only what the store
-//! debits, in the end, and starts at twice the burst, so it always holds at least what the
-//! shared bucket does: it refuses only when the shared bucket would too, and in practice only
-//! bites when more than twice the burst is in flight at once.
+//! [`Store::reset`](crate::Store::reset) and [`follow_resets`]).
+//!
+//! It counts nothing in flight. An earlier version also kept the reference's local bucket of
+//! twice the burst, debited when a take was sent and refunded when the store did not debit;
+//! but a take in flight may be refused, or decided after a later one, so counting it refused
+//! what the store would admit (burst 10, two takes of 10 in flight, a take of 1 refused while
+//! the store, deciding it first, grants it), and a take whose caller stopped waiting was never
+//! refunded. What a flood costs the store is one round trip per replica before the first
+//! answer, and refusals the snapshot foresees write nothing there either (docs/adr/0030).
 //!
 //! The exception is clock skew between replicas. A take writes the row as refilled up to its
 //! caller's instant. If a replica whose clock runs ahead of this one spends `c` from the
@@ -46,6 +50,30 @@
 //! ([`Guard::forget_scope`], [`Guard::forget`]). (Costs below the float spacing of a
 //! bucket's level, about 1e-15 of its burst, are not meaningful and not covered.)
 //! `tests/it/guard.rs` checks all of this against the store with random workloads.
+//!
+//! # The fallback outlives what the pre-check forgets
+//!
+//! The fallback's buckets are kept apart from the pre-check's rows. A reset, a rule that may
+//! have grown, a reconnected listener or the pre-check's own eviction forget what the store
+//! said, which is always safe; forgetting a fallback bucket that is not full would hand its
+//! key another burst on this replica in the middle of an outage. So a fallback bucket is
+//! forgotten only once it has refilled to full (when it is exactly what a new one would be),
+//! and when the fallback already remembers its capacity of buckets that are not full, a take
+//! of another bucket is not decided (the store's failure, an HTTP 500) rather than decided
+//! from a bucket it cannot remember. Each replica admits at most one whole budget of a key on
+//! its own over an outage, however long.
+//!
+//! # Cancellation
+//!
+//! A caller may stop waiting at any await (its deadline, its client hanging up, a tower
+//! timeout): the future is dropped there. Nothing this guard changes is left half-done by
+//! that. The pre-check only learns after an answer (a take dropped before it learns nothing,
+//! which only means the next take asks the store). A probe of the open circuit marks the
+//! circuit as probing while it waits; the mark is a drop guard, so a probe dropped before its
+//! answer frees the circuit for the next take to probe at once, and the circuit always goes
+//! back to the store once it answers. The fallback and the circuit's counters change only
+//! under a lock, never across an await. (ARCHITECTURE.md, "Deadlines", says what the store
+//! does with a take whose caller left.)
 
 use std::collections::HashMap;
 use std::fmt;
@@ -57,8 +85,8 @@ use chrono::{DateTime, Utc};
 
 use crate::named::{self, Gcra};
 use crate::{
-    Decider, Decision, FailMode, Fill, Grant, Key, Limit, LimiterName, NamedKey, NamedSpend, Refusal, Scope,
-    Spend, Take, Undecided, Which,
+    Decider, Decision, FailMode, Fill, Grant, Key, LimiterName, NamedKey, NamedSpend, Refusal, Scope, Spend,
+    Take, Undecided, Which,
 };
 
 /// What a [`Guard`] is told at build time.
@@ -66,8 +94,9 @@ use crate::{
 pub struct GuardConfig {
     /// The longest a take waits for the store before it counts as not answered.
     pub decision_timeout: Duration,
-    /// The most buckets the pre-check and fallback remember; the least recently useful are
-    /// forgotten first, which is always safe (a forgotten bucket is simply asked about).
+    /// The most buckets the pre-check remembers (the least recently useful are forgotten
+    /// first, which is always safe: a forgotten bucket is simply asked about), and the most
+    /// the fallback remembers that have not refilled to full.
     pub capacity: u64,
 }
 
@@ -149,48 +178,118 @@ impl fmt::Display for Class {
     }
 }
 
-/// A take's spends with their entries.
-type Entries = smallvec::SmallVec<[(Which, Spend, Arc<Mutex<Entry>>); 2]>;
-
-/// What this replica remembers about one bucket.
-#[derive(Debug)]
-struct Entry {
-    /// (a): twice the burst, debited on the way to the store.
-    local: LocalBucket,
-    /// (b): the row as the store last described it.
-    known: Option<Fill>,
-    /// (b) for a named limiter: the key's TAT (µs) as the store last described it.
-    known_tat: Option<i64>,
-    /// The bucket that decides when the store cannot, sized like the shared one.
-    fallback: LocalBucket,
+/// What the store last said about one bucket: the pre-check's whole state for it.
+///
+/// Shared as `Arc<Mutex<Known>>`: a take holds its bucket's entry from before it asks the
+/// store until it learns the answer, so an answer that arrives after the entry was forgotten
+/// (a reset meanwhile) is written into the forgotten entry, where nothing reads it.
+#[derive(Debug, Default)]
+struct Known {
+    /// The row as the store last described it.
+    fill: Option<Fill>,
+    /// For a named limiter: the key's TAT (µs) as the store last described it.
+    tat: Option<i64>,
 }
 
-/// An in-memory token bucket: a level as of an instant; `None` until first used (full).
-#[derive(Clone, Copy, Debug, Default)]
-struct LocalBucket(Option<(f64, DateTime<Utc>)>);
+/// A take's spends with their pre-check entries: at most two, kept inline since this runs for
+/// every take.
+type Entries = smallvec::SmallVec<[(Which, Spend, Arc<Mutex<Known>>); 2]>;
+
+/// An in-memory token bucket: a level as of an instant.
+#[derive(Clone, Copy, Debug)]
+struct LocalBucket {
+    level: f64,
+    at: DateTime<Utc>,
+    /// The limit it was last spent under, to tell when it is full again.
+    per_second: f64,
+    ceiling: f64,
+}
 
 impl LocalBucket {
-    fn level(self, per_second: f64, ceiling: f64, now: DateTime<Utc>) -> f64 {
-        match self.0 {
+    /// What a bucket `self` (or a new, full one) holds at `now` under a limit of `per_second`
+    /// up to `ceiling`.
+    fn level(this: Option<&LocalBucket>, per_second: f64, ceiling: f64, now: DateTime<Utc>) -> f64 {
+        match this {
             None => ceiling,
-            Some((level, at)) => {
-                let elapsed = (now - at).num_microseconds().map_or(f64::INFINITY, |us| us as f64 / 1e6);
-                ceiling.min(level + elapsed.max(0.0) * per_second)
+            Some(bucket) => {
+                let elapsed =
+                    (now - bucket.at).num_microseconds().map_or(f64::INFINITY, |us| us as f64 / 1e6);
+                ceiling.min(bucket.level + elapsed.max(0.0) * per_second)
             }
         }
     }
 
-    /// Sets the level at `now`, never moving the instant back (a clock behind refills
-    /// nothing, as in the store).
-    fn set(&mut self, level: f64, now: DateTime<Utc>) {
-        let at = self.0.map_or(now, |(_, at)| at.max(now));
-        self.0 = Some((level, at));
+    /// Whether the bucket has refilled to full by `now`, under the limit it was last spent
+    /// under: it is then exactly what a new bucket would be, and may be forgotten.
+    fn full_at(&self, now: DateTime<Utc>) -> bool {
+        LocalBucket::level(Some(self), self.per_second, self.ceiling, now) >= self.ceiling
     }
 }
 
-/// The pre-check's ceiling for a limit: twice the burst, as the reference's local bucket.
-fn precheck_ceiling(limit: Limit) -> f64 {
-    2.0 * limit.burst()
+/// The buckets that decide while the store cannot: kept apart from what the pre-check
+/// forgets, and forgotten only once full (see the module documentation).
+#[derive(Debug)]
+struct Fallback {
+    buckets: Mutex<HashMap<BucketId, LocalBucket>>,
+    capacity: usize,
+}
+
+/// The fallback remembers its capacity of buckets that are not full yet.
+#[derive(Debug)]
+struct FallbackFull;
+
+/// One spend the fallback decides: its position in the take, its bucket, cost, rate and
+/// ceiling.
+type FallbackSpend = (Which, BucketId, f64, f64, f64);
+
+/// What the fallback decided.
+enum FallbackDecision {
+    /// Every bucket covered its cost; what each holds now.
+    Granted(smallvec::SmallVec<[(Which, f64); 2]>),
+    /// The first bucket that could not, and what it holds.
+    Refused { which: Which, level: f64 },
+}
+
+impl Fallback {
+    fn new(capacity: u64) -> Fallback {
+        Fallback {
+            buckets: Mutex::new(HashMap::new()),
+            capacity: usize::try_from(capacity).unwrap_or(usize::MAX),
+        }
+    }
+
+    /// Decides `spends` at `now`, all-or-nothing, as the store would: each takes its cost from
+    /// its bucket, which refills at its rate up to its ceiling.
+    fn spend(&self, spends: &[FallbackSpend], now: DateTime<Utc>) -> Result<FallbackDecision, FallbackFull> {
+        let mut buckets = lock(&self.buckets);
+        let new = spends.iter().filter(|(_, id, ..)| !buckets.contains_key(id)).count();
+        if new > 0 && buckets.len() + new > self.capacity {
+            // Full buckets are what a new bucket would be: forgetting them changes nothing.
+            buckets.retain(|_, bucket| !bucket.full_at(now));
+            if buckets.len() + new > self.capacity {
+                return Err(FallbackFull);
+            }
+        }
+        for (which, id, cost, per_second, ceiling) in spends {
+            let level = LocalBucket::level(buckets.get(id), *per_second, *ceiling, now);
+            if level < *cost {
+                return Ok(FallbackDecision::Refused { which: *which, level });
+            }
+        }
+        let mut left = smallvec::SmallVec::new();
+        for (which, id, cost, per_second, ceiling) in spends {
+            let level = LocalBucket::level(buckets.get(id), *per_second, *ceiling, now) - cost;
+            // Never moves the instant back: a clock behind refills nothing, as in the store.
+            let at = buckets.get(id).map_or(now, |bucket| bucket.at.max(now));
+            buckets.insert(*id, LocalBucket { level, at, per_second: *per_second, ceiling: *ceiling });
+            left.push((*which, level));
+        }
+        Ok(FallbackDecision::Granted(left))
+    }
+
+    fn len(&self) -> usize {
+        lock(&self.buckets).len()
+    }
 }
 
 /// The circuit in front of the store.
@@ -220,7 +319,8 @@ pub struct Guard {
     inner: Arc<dyn Decider>,
     config: GuardConfig,
     observer: Arc<dyn Observer>,
-    entries: quick_cache::sync::Cache<BucketId, Arc<Mutex<Entry>>>,
+    known: quick_cache::sync::Cache<BucketId, Arc<Mutex<Known>>>,
+    fallback: Fallback,
     circuit: Mutex<Circuit>,
     warned: Mutex<HashMap<(Class, FailMode), Instant>>,
 }
@@ -230,7 +330,8 @@ impl fmt::Debug for Guard {
         f.debug_struct("Guard")
             .field("inner", &self.inner)
             .field("config", &self.config)
-            .field("entries", &self.entries.len())
+            .field("known", &self.known.len())
+            .field("fallback", &self.fallback.len())
             .finish_non_exhaustive()
     }
 }
@@ -238,36 +339,39 @@ impl fmt::Debug for Guard {
 impl Guard {
     /// A guard in front of `inner`, telling `observer` about every decision.
     pub fn new(inner: Arc<dyn Decider>, config: GuardConfig, observer: Arc<dyn Observer>) -> Guard {
-        let entries = quick_cache::sync::Cache::new(config.capacity as usize);
+        let known = quick_cache::sync::Cache::new(config.capacity as usize);
+        let fallback = Fallback::new(config.capacity);
         Guard {
             inner,
             config,
             observer,
-            entries,
+            known,
+            fallback,
             circuit: Mutex::new(Circuit::Closed { failures: 0 }),
             warned: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Forgets what this replica knows of one bucket: after a reset, which adds tokens, or
-    /// when its budget may have grown. The key of the scope's GCRA limiter
-    /// ([`LimiterName::of_scope`]) is forgotten too, whichever algorithm governs it now.
+    /// Forgets what the store said of one bucket: after a reset, which adds tokens, or when
+    /// its budget may have grown. The key of the scope's GCRA limiter
+    /// ([`LimiterName::of_scope`]) is forgotten too, whichever algorithm governs it now. The
+    /// fallback's bucket is kept (see the module documentation).
     pub fn forget(&self, scope: Scope, key: Key) {
-        self.entries.remove(&BucketId::Budget(scope, key));
+        self.known.remove(&BucketId::Budget(scope, key));
         let limiter = LimiterName::of_scope(scope);
-        self.entries.remove(&BucketId::Named(limiter, NamedKey::of(limiter, &key.0)));
+        self.known.remove(&BucketId::Named(limiter, NamedKey::of(limiter, &key.0)));
     }
 
     /// Forgets one key of a named limiter: after a reset.
     pub fn forget_named(&self, limiter: LimiterName, key: NamedKey) {
-        self.entries.remove(&BucketId::Named(limiter, key));
+        self.known.remove(&BucketId::Named(limiter, key));
     }
 
     /// Forgets every bucket of a scope, and every key of its GCRA limiter: after its limit
     /// may have grown.
     pub fn forget_scope(&self, scope: Scope) {
         let limiter = LimiterName::of_scope(scope);
-        self.entries.retain(|id, _| match id {
+        self.known.retain(|id, _| match id {
             BucketId::Budget(entry_scope, _) => *entry_scope != scope,
             BucketId::Named(name, _) => *name != limiter,
         });
@@ -275,26 +379,22 @@ impl Guard {
 
     /// Forgets a key of a limiter known only by its name's text (a reset notification).
     fn forget_named_by_text(&self, limiter: &str, key: NamedKey) {
-        self.entries
+        self.known
             .retain(|id, _| !matches!(id, BucketId::Named(name, k) if name.as_str() == limiter && *k == key));
     }
 
-    fn entry(&self, id: BucketId) -> Arc<Mutex<Entry>> {
-        let entry = self.entries.get_or_insert_with(&id, || {
-            Ok::<_, std::convert::Infallible>(Arc::new(Mutex::new(Entry {
-                local: LocalBucket::default(),
-                known: None,
-                known_tat: None,
-                fallback: LocalBucket::default(),
-            })))
+    /// Forgets everything the store said: when resets may have been missed (the listener
+    /// reconnected). The fallback's buckets are kept.
+    pub fn forget_all(&self) {
+        self.known.clear();
+    }
+
+    fn entry(&self, id: BucketId) -> Arc<Mutex<Known>> {
+        let entry = self.known.get_or_insert_with(&id, || {
+            Ok::<_, std::convert::Infallible>(Arc::new(Mutex::new(Known::default())))
         });
         let Ok(entry) = entry;
         entry
-    }
-
-    /// Forgets everything: when resets may have been missed (the listener reconnected).
-    pub fn forget_all(&self) {
-        self.entries.clear();
     }
 
     /// The refusal the pre-check already knows for `spend` at `now`, without asking the store
@@ -303,8 +403,8 @@ impl Guard {
     /// be refused", not "granted".
     pub fn known_refusal(&self, spend: NamedSpend, now: DateTime<Utc>) -> Option<Refusal> {
         let gcra = Gcra::of(spend.limit)?;
-        let entry = self.entries.get(&BucketId::Named(spend.limiter, spend.key))?;
-        let tat = lock(&entry).known_tat?;
+        let entry = self.known.get(&BucketId::Named(spend.limiter, spend.key))?;
+        let tat = lock(&entry).tat?;
         let (now_us, earliest) = (named::micros(now), gcra.earliest(tat, spend.cells));
         (now_us < earliest).then(|| Refusal {
             which: Which::First,
@@ -314,10 +414,10 @@ impl Guard {
         })
     }
 
-    /// How many buckets this replica remembers (pre-check and fallback state), at most the
-    /// configured capacity.
+    /// How many buckets this replica remembers: the pre-check's (at most the configured
+    /// capacity) and the fallback's that are not known to be full (at most the capacity too).
     pub fn remembered_buckets(&self) -> u64 {
-        self.entries.len() as u64
+        (self.known.len() + self.fallback.len()) as u64
     }
 
     /// Whether the store is treated as failing right now (its circuit is open).
@@ -326,28 +426,23 @@ impl Guard {
     }
 
     async fn decide_guarded(&self, take: Take, now: DateTime<Utc>) -> Result<(Decision, Source), Undecided> {
-        if let Take::Named(spend) = take {
-            return self.decide_named(spend, now).await;
-        }
-        for (_, spend) in take.spends() {
-            spend.validate().map_err(Undecided::Store)?;
-        }
-        // The store answers these without a query (free, never fits) or as one combined take
-        // (one bucket twice); there is nothing for the pre-check to save or the fallback to do.
-        let same_bucket = matches!(take, Take::Pair(a, b) if (a.scope, a.key) == (b.scope, b.key));
-        if same_bucket || take.spends().any(|(_, spend)| spend.never_fits() || spend.is_free()) {
-            return Ok((self.inner.decide(take, now).await?, Source::Store));
-        }
-        // At most two: kept inline, since this runs for every take.
-        let entries: Entries = take
-            .spends()
-            .map(|(which, spend)| (which, spend, self.entry(BucketId::Budget(spend.scope, spend.key))))
+        let sent = match take {
+            Take::Named(spend) => return self.decide_named(spend, now).await,
+            take => match Sent::of(take).map_err(Undecided::Store)? {
+                // Free, never fits, or a bucket named twice with two limits: the store answers
+                // without a query.
+                Sent::Answered => return Ok((self.inner.decide(take, now).await?, Source::Store)),
+                Sent::Spends(spends) => spends,
+            },
+        };
+        let entries: Entries = sent
+            .iter()
+            .map(|(which, spend)| (*which, *spend, self.entry(BucketId::Budget(spend.scope, spend.key))))
             .collect();
 
         if let Some(refusal) = precheck(&entries, now) {
             return Ok((Decision::Refused(refusal), Source::Precheck));
         }
-        reserve(&entries, now);
 
         // A take spending two budgets fails by the stricter of their modes.
         let fail_mode = entries
@@ -355,31 +450,57 @@ impl Guard {
             .map(|(_, spend, _)| spend.enforcement.fail_mode)
             .reduce(FailMode::stricter)
             .unwrap_or(FailMode::Closed);
-        let answer = self.ask_store(take, now, fail_mode != FailMode::Closed).await;
-        let undecided = match answer {
+        let undecided = match self.ask_store(take, now, fail_mode != FailMode::Closed).await {
             Some(Ok(decision)) => {
-                learn(&entries, &decision, now);
+                learn(&entries, &decision);
                 return Ok((decision, Source::Store));
             }
-            Some(Err(undecided)) if !undecided.is_store_failure() => {
-                refund(&entries, now);
-                return Err(undecided);
-            }
+            Some(Err(undecided)) if !undecided.is_store_failure() => return Err(undecided),
             Some(Err(undecided)) => undecided,
             None => Undecided::StoreFailing,
         };
-        refund(&entries, now);
         let classes: smallvec::SmallVec<[Class; 2]> =
             entries.iter().map(|(_, spend, _)| Class::Scope(spend.scope)).collect();
         match fail_mode {
             FailMode::Closed => Err(undecided),
-            FailMode::Local => {
-                self.warn_fallback(&classes, fail_mode, &undecided);
-                Ok((fallback(&entries, now), Source::Fallback))
-            }
             FailMode::Open => {
                 self.warn_fallback(&classes, fail_mode, &undecided);
                 Ok((Decision::Granted(Grant::FREE), Source::Open))
+            }
+            FailMode::Local => {
+                self.warn_fallback(&classes, fail_mode, &undecided);
+                let spends: smallvec::SmallVec<[_; 2]> = entries
+                    .iter()
+                    .map(|(which, spend, _)| {
+                        let id = BucketId::Budget(spend.scope, spend.key);
+                        (*which, id, spend.cost, spend.limit.per_second(), spend.limit.burst())
+                    })
+                    .collect();
+                let decision = match self.fallback.spend(&spends, now) {
+                    Err(FallbackFull) => return Err(self.fallback_full(undecided)),
+                    Ok(FallbackDecision::Refused { which, level }) => {
+                        let (_, spend, _) = entries
+                            .iter()
+                            .find(|(position, ..)| *position == which)
+                            .expect("the fallback refuses one of the spends it was given");
+                        let fill = Fill { tokens: level, refilled_at: now };
+                        let retry_after = spend.limit.time_to_cover(fill, spend.cost, now);
+                        // Not the store's row: nothing the pre-check may learn from.
+                        Decision::Refused(Refusal { which, retry_after, judged: None, tat: None })
+                    }
+                    Ok(FallbackDecision::Granted(left)) => {
+                        let mut grant = Grant::FREE;
+                        for (which, tokens) in left {
+                            let fill = Some(Fill { tokens, refilled_at: now });
+                            match which {
+                                Which::First => grant.first = fill,
+                                Which::Second => grant.second = fill,
+                            }
+                        }
+                        Decision::Granted(grant)
+                    }
+                };
+                Ok((decision, Source::Fallback))
             }
         }
     }
@@ -396,65 +517,39 @@ impl Guard {
             // Free, never fits, or an unusable limit: the store answers without a query.
             return Ok((self.inner.decide(Take::Named(spend), now).await?, Source::Store));
         };
-        let entry = self.entry(BucketId::Named(spend.limiter, spend.key));
+        let id = BucketId::Named(spend.limiter, spend.key);
+        let entry = self.entry(id);
         let now_us = named::micros(now);
-        let cost = f64::from(spend.cells);
-        let (rate, ceiling) = (spend.limit.per_second(), 2.0 * f64::from(gcra.burst));
-        {
-            let mut known = lock(&entry);
-            if let Some(tat) = known.known_tat {
-                let earliest = gcra.earliest(tat, spend.cells);
-                if now_us < earliest {
-                    let retry_after = named::until(now_us, earliest);
-                    let refusal = Refusal {
-                        which: Which::First,
-                        retry_after,
-                        judged: None,
-                        tat: Some(named::instant(tat)),
-                    };
-                    return Ok((Decision::Refused(refusal), Source::Precheck));
-                }
-            }
-            let level = known.local.level(rate, ceiling, now);
-            if level < cost {
-                let retry_after = named::until(now_us, now_us + i64::from(spend.cells) * gcra.t);
-                let refusal = Refusal { which: Which::First, retry_after, judged: None, tat: None };
+        if let Some(tat) = lock(&entry).tat {
+            let earliest = gcra.earliest(tat, spend.cells);
+            if now_us < earliest {
+                let retry_after = named::until(now_us, earliest);
+                let refusal = Refusal {
+                    which: Which::First,
+                    retry_after,
+                    judged: None,
+                    tat: Some(named::instant(tat)),
+                };
                 return Ok((Decision::Refused(refusal), Source::Precheck));
             }
-            known.local.set(level - cost, now);
         }
-        let refund = |entry: &Mutex<Entry>| {
-            let mut entry = lock(entry);
-            let level = entry.local.level(rate, ceiling, now);
-            entry.local.set((level + cost).min(ceiling), now);
-        };
         let fail_mode = spend.enforcement.fail_mode;
         let undecided = match self.ask_store(Take::Named(spend), now, fail_mode != FailMode::Closed).await {
             Some(Ok(decision)) => {
                 let tat = match &decision {
                     Decision::Granted(grant) => grant.named.map(|(tat, _)| tat),
-                    Decision::Refused(refusal) => {
-                        refund(&entry);
-                        refusal.tat
-                    }
-                    Decision::InsufficientCapacity(_) => {
-                        refund(&entry);
-                        None
-                    }
+                    Decision::Refused(refusal) => refusal.tat,
+                    Decision::InsufficientCapacity(_) => None,
                 };
                 if let Some(tat) = tat {
-                    lock(&entry).known_tat = Some(named::micros(tat));
+                    lock(&entry).tat = Some(named::micros(tat));
                 }
                 return Ok((decision, Source::Store));
             }
-            Some(Err(undecided)) if !undecided.is_store_failure() => {
-                refund(&entry);
-                return Err(undecided);
-            }
+            Some(Err(undecided)) if !undecided.is_store_failure() => return Err(undecided),
             Some(Err(undecided)) => undecided,
             None => Undecided::StoreFailing,
         };
-        refund(&entry);
         let class = Class::Limiter(spend.limiter);
         match fail_mode {
             FailMode::Closed => return Err(undecided),
@@ -466,21 +561,32 @@ impl Guard {
         }
         // The fallback is a token bucket of the same rate and burst: this replica's own
         // approximation of the shared GCRA while the store cannot answer.
-        let mut entry = lock(&entry);
-        let level = entry.fallback.level(rate, f64::from(gcra.burst), now);
-        let decision = if level >= cost {
-            entry.fallback.set(level - cost, now);
-            Decision::Granted(Grant {
-                first: None,
-                second: None,
-                named: Some((now, (level - cost).floor() as u32)),
-            })
-        } else {
-            let wait = ((cost - level) / rate * 1e6).ceil() as i64;
-            let retry_after = named::until(now_us, now_us + wait);
-            Decision::Refused(Refusal { which: Which::First, retry_after, judged: None, tat: None })
-        };
+        let (rate, cost) = (spend.limit.per_second(), f64::from(spend.cells));
+        let decision =
+            match self.fallback.spend(&[(Which::First, id, cost, rate, f64::from(gcra.burst))], now) {
+                Err(FallbackFull) => return Err(self.fallback_full(undecided)),
+                Ok(FallbackDecision::Granted(left)) => Decision::Granted(Grant {
+                    first: None,
+                    second: None,
+                    named: Some((now, left[0].1.floor() as u32)),
+                }),
+                Ok(FallbackDecision::Refused { level, .. }) => {
+                    let wait = ((cost - level) / rate * 1e6).ceil() as i64;
+                    let retry_after = named::until(now_us, now_us + wait);
+                    Decision::Refused(Refusal { which: Which::First, retry_after, judged: None, tat: None })
+                }
+            };
         Ok((decision, Source::Fallback))
+    }
+
+    /// The fallback cannot remember another bucket: the take is not decided, as if it failed
+    /// closed, rather than decided from a bucket that would start full again.
+    fn fallback_full(&self, undecided: Undecided) -> Undecided {
+        tracing::warn!(
+            capacity = self.fallback.capacity,
+            "the fallback remembers as many buckets as it may, none of them full yet: a take of another bucket is not decided until the store answers"
+        );
+        undecided
     }
 
     /// Asks the store, with the decision timeout, unless the circuit is open and the take
@@ -494,20 +600,24 @@ impl Guard {
         now: DateTime<Utc>,
         may_skip: bool,
     ) -> Option<Result<Decision, Undecided>> {
-        match self.ask(may_skip) {
-            Ask::No => None,
-            Ask::Yes { probe } => {
-                let answer =
-                    tokio::time::timeout(self.config.decision_timeout, self.inner.decide(take, now)).await;
-                let answer = answer.unwrap_or(Err(Undecided::TimedOut(self.config.decision_timeout)));
-                match &answer {
-                    Ok(_) => self.store_answered(),
-                    Err(undecided) if undecided.is_store_failure() => self.store_failed(probe),
-                    Err(_) => {}
-                }
-                Some(answer)
-            }
+        let probe = match self.ask(may_skip) {
+            Ask::No => return None,
+            Ask::Yes { probe } => probe,
+        };
+        // Dropped before the answer (the caller stopped waiting), a probe frees the circuit
+        // for the next take to probe; see the module documentation on cancellation.
+        let mut asking = Asking { guard: self, probe, answered: false };
+        let answer = tokio::time::timeout(self.config.decision_timeout, self.inner.decide(take, now)).await;
+        asking.answered = true;
+        let answer = answer.unwrap_or(Err(Undecided::TimedOut(self.config.decision_timeout)));
+        match &answer {
+            Ok(_) => self.store_answered(),
+            Err(undecided) if undecided.is_store_failure() => self.store_failed(probe),
+            // Bad input never reached the store: it says nothing of whether it answers.
+            Err(_) if probe => self.probe_inconclusive(),
+            Err(_) => {}
         }
+        Some(answer)
     }
 
     fn ask(&self, may_skip: bool) -> Ask {
@@ -566,6 +676,14 @@ impl Guard {
         }
     }
 
+    /// A probe ended without saying whether the store answers (its caller stopped waiting, or
+    /// its take was bad input): the next take may probe, at once.
+    fn probe_inconclusive(&self) {
+        if let Circuit::Open { probing, .. } = &mut *lock(&self.circuit) {
+            *probing = false;
+        }
+    }
+
     /// Says, at most once a minute per scope (or limiter) and fail mode, that takes are being
     /// decided without the store.
     fn warn_fallback(&self, classes: &[Class], fail_mode: FailMode, undecided: &Undecided) {
@@ -584,6 +702,60 @@ impl Guard {
                 tracing::warn!(scope = %class, cause = %undecided, "deciding from this replica's fallback bucket: the shared store cannot answer (said at most once a minute)");
             }
         }
+    }
+}
+
+/// A question to the store in progress; see [`Guard::ask_store`].
+struct Asking<'a> {
+    guard: &'a Guard,
+    probe: bool,
+    answered: bool,
+}
+
+impl Drop for Asking<'_> {
+    fn drop(&mut self) {
+        if self.probe && !self.answered {
+            self.guard.probe_inconclusive();
+        }
+    }
+}
+
+/// What a bucket take comes to before the store, as the store reduces it (`Store::decide`):
+/// answered without a query, or the spends sent, each with the position its answers name.
+enum Sent {
+    Answered,
+    Spends(smallvec::SmallVec<[(Which, Spend); 2]>),
+}
+
+impl Sent {
+    /// A zero cost is not sent (a pair with one free side is a single take of its other), a
+    /// cost above its burst is never sent, and a pair naming one bucket twice is one take of
+    /// both costs under the stricter of their enforcements: the same reductions the store
+    /// makes, so that whatever the store is asked goes through the pre-check, the decision
+    /// timeout, the circuit and the fail mode.
+    fn of(take: Take) -> Result<Sent, crate::Error> {
+        for (_, spend) in take.spends() {
+            spend.validate()?;
+        }
+        if take.spends().any(|(_, spend)| spend.never_fits()) {
+            return Ok(Sent::Answered);
+        }
+        let spends = match take {
+            Take::Pair(first, second) if (first.scope, first.key) == (second.scope, second.key) => {
+                if first.limit != second.limit {
+                    return Ok(Sent::Answered);
+                }
+                let mut enforcement = first.enforcement;
+                enforcement.fail_mode = first.enforcement.fail_mode.stricter(second.enforcement.fail_mode);
+                let both = Spend { cost: first.cost + second.cost, enforcement, ..first };
+                if both.never_fits() || both.is_free() {
+                    return Ok(Sent::Answered);
+                }
+                smallvec::smallvec![(Which::First, both)]
+            }
+            take => take.spends().filter(|(_, spend)| !spend.is_free()).collect(),
+        };
+        Ok(if spends.is_empty() { Sent::Answered } else { Sent::Spends(spends) })
     }
 }
 
@@ -624,101 +796,38 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// A refusal the pre-check can give without the store, if any: (b) first, whose wait is
-/// exact, then (a).
-fn precheck(entries: &[(Which, Spend, Arc<Mutex<Entry>>)], now: DateTime<Utc>) -> Option<Refusal> {
-    for (which, spend, entry) in entries {
-        let known = lock(entry).known;
-        if let Some(fill) = known {
-            if spend.limit.level(fill, now) < spend.cost {
-                let retry_after = spend.limit.time_to_cover(fill, spend.cost, now);
-                return Some(Refusal { which: *which, retry_after, judged: Some(fill), tat: None });
-            }
-        }
-    }
-    for (which, spend, entry) in entries {
-        let local = lock(entry).local;
-        if local.level(spend.limit.per_second(), precheck_ceiling(spend.limit), now) < spend.cost {
-            // The shared level is unknown, only below the cost: the wait an empty bucket
-            // needs bounds it.
-            let empty = Fill { tokens: 0.0, refilled_at: now };
-            let retry_after = spend.limit.time_to_cover(empty, spend.cost, now);
-            return Some(Refusal { which: *which, retry_after, judged: None, tat: None });
-        }
-    }
-    None
+/// The refusal the pre-check can give without the store, if any, with its exact wait.
+fn precheck(entries: &[(Which, Spend, Arc<Mutex<Known>>)], now: DateTime<Utc>) -> Option<Refusal> {
+    entries.iter().find_map(|(which, spend, entry)| {
+        let fill = lock(entry).fill?;
+        (spend.limit.level(fill, now) < spend.cost).then(|| Refusal {
+            which: *which,
+            retry_after: spend.limit.time_to_cover(fill, spend.cost, now),
+            judged: Some(fill),
+            tat: None,
+        })
+    })
 }
 
-/// Debits each spend's (a) bucket on the way to the store.
-fn reserve(entries: &[(Which, Spend, Arc<Mutex<Entry>>)], now: DateTime<Utc>) {
-    adjust_local(entries, now, -1.0);
-}
-
-/// Gives back what [`reserve`] took: the store did not debit.
-fn refund(entries: &[(Which, Spend, Arc<Mutex<Entry>>)], now: DateTime<Utc>) {
-    adjust_local(entries, now, 1.0);
-}
-
-fn adjust_local(entries: &[(Which, Spend, Arc<Mutex<Entry>>)], now: DateTime<Utc>, sign: f64) {
-    for (_, spend, entry) in entries {
-        let mut entry = lock(entry);
-        let ceiling = precheck_ceiling(spend.limit);
-        let level = entry.local.level(spend.limit.per_second(), ceiling, now);
-        entry.local.set((level + sign * spend.cost).min(ceiling), now);
-    }
-}
-
-/// Remembers what the store said about each bucket, and refunds (a) when it did not debit.
-fn learn(entries: &[(Which, Spend, Arc<Mutex<Entry>>)], decision: &Decision, now: DateTime<Utc>) {
+/// Remembers what the store said about each bucket.
+fn learn(entries: &[(Which, Spend, Arc<Mutex<Known>>)], decision: &Decision) {
     match decision {
         Decision::Granted(grant) => {
             for (which, _, entry) in entries {
                 if let Some(fill) = grant.remaining(*which) {
-                    lock(entry).known = Some(fill);
+                    lock(entry).fill = Some(fill);
                 }
             }
         }
         Decision::Refused(refusal) => {
-            refund(entries, now);
             if let Some(fill) = refusal.judged {
                 if let Some((_, _, entry)) = entries.iter().find(|(which, _, _)| *which == refusal.which) {
-                    lock(entry).known = Some(fill);
+                    lock(entry).fill = Some(fill);
                 }
             }
         }
-        Decision::InsufficientCapacity(_) => refund(entries, now),
+        Decision::InsufficientCapacity(_) => {}
     }
-}
-
-/// Decides from this replica's fallback buckets, all-or-nothing, as the store would.
-fn fallback(entries: &[(Which, Spend, Arc<Mutex<Entry>>)], now: DateTime<Utc>) -> Decision {
-    // Both entries of a pair are held at once, so they are locked in one global order, as
-    // the store locks rows: two takes naming the buckets in opposite orders cannot deadlock.
-    let mut ordered: Vec<&(Which, Spend, Arc<Mutex<Entry>>)> = entries.iter().collect();
-    ordered.sort_by_key(|(_, spend, _)| (spend.scope, spend.key));
-    let mut guards: Vec<_> =
-        ordered.into_iter().map(|(which, spend, entry)| (*which, *spend, lock(entry))).collect();
-    guards.sort_by_key(|(which, _, _)| *which == Which::Second);
-    for (which, spend, entry) in &guards {
-        let level = entry.fallback.level(spend.limit.per_second(), spend.limit.burst(), now);
-        if level < spend.cost {
-            let fill = Fill { tokens: level, refilled_at: now };
-            let retry_after = spend.limit.time_to_cover(fill, spend.cost, now);
-            // Not the store's row: nothing the pre-check may learn from.
-            return Decision::Refused(Refusal { which: *which, retry_after, judged: None, tat: None });
-        }
-    }
-    let mut grant = Grant::FREE;
-    for (which, spend, entry) in &mut guards {
-        let left = entry.fallback.level(spend.limit.per_second(), spend.limit.burst(), now) - spend.cost;
-        entry.fallback.set(left, now);
-        let fill = Some(Fill { tokens: left, refilled_at: now });
-        match which {
-            Which::First => grant.first = fill,
-            Which::Second => grant.second = fill,
-        }
-    }
-    Decision::Granted(grant)
 }
 
 /// Follows resets from every replica until `shutdown`: each one makes `guard` forget its

@@ -13,8 +13,11 @@
 //! decision, and sit behind the same [`Guard`](crate::Guard).
 //!
 //! The arithmetic is governor's, in integer microseconds: emission interval
-//! `t = round(1e6 / rate)` (at least 1 µs), tolerance `tau = t * (burst - 1)` with the burst
-//! rounded down to whole cells. `n` cells conform at `now` when
+//! `t = ceil(1e6 / rate)`, tolerance `tau = t * (burst - 1)` with the burst rounded down to
+//! whole cells. The interval is rounded up, so the rate a limiter enforces is never above the
+//! one it was given (rounded to the nearest microsecond, 7e5 a second would have been 1e6 a
+//! second); a limit whose rate would lose more than 1% that way, or whose burst is below one
+//! cell, is refused ([`Limit::fits_gcra`]). `n` cells conform at `now` when
 //! `now >= tat + (n - 1) * t - tau`, and a grant moves `tat` to `max(tat, now) + n * t`.
 
 use std::fmt;
@@ -23,7 +26,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sha2::{Digest as _, Sha256};
 
-use crate::{Enforcement, Error, Limit, Scope};
+use crate::{Enforcement, Error, InvalidLimit, Limit, Scope};
 
 /// A named limiter's name: 1 to 63 characters of `a-z 0-9 _`, starting with a letter (the
 /// table's CHECK). The name is part of every key, so limiters never share keys.
@@ -133,17 +136,37 @@ pub(crate) struct Gcra {
 }
 
 impl Gcra {
-    /// `limit` in GCRA's terms; `None` when its burst is below one whole cell.
+    /// `limit` in GCRA's terms; `None` when it does not fit them ([`Limit::fits_gcra`]).
     pub(crate) fn of(limit: Limit) -> Option<Gcra> {
+        let (t, burst) = Gcra::interval_and_burst(limit).ok()?;
+        Some(Gcra { t, tau: t.saturating_mul(i64::from(burst) - 1), burst })
+    }
+
+    /// The emission interval (µs, rounded up) and the whole cells of burst of `limit`.
+    fn interval_and_burst(limit: Limit) -> Result<(i64, u32), InvalidLimit> {
         let burst = limit.burst().floor();
         if burst < 1.0 {
-            return None;
+            return Err(InvalidLimit { field: "burst", reason: "must be at least one whole cell for GCRA" });
+        }
+        let exact = 1e6 / limit.per_second();
+        if exact < GCRA_MIN_INTERVAL_US {
+            return Err(InvalidLimit {
+                field: "per_second",
+                reason: "must be at most 1e6 a second for GCRA, which counts whole microseconds",
+            });
         }
         // A rate of at most 1e12 a second and a burst refilled within the hour keep these far
         // inside i64: t <= 3.6e9 µs, tau <= 3.6e9 µs.
-        let t = ((1e6 / limit.per_second()).round() as i64).max(1);
-        let burst = burst.min(f64::from(u32::MAX)) as u32;
-        Some(Gcra { t, tau: t.saturating_mul(i64::from(burst) - 1), burst })
+        let t = exact.ceil();
+        if t > exact * GCRA_MAX_ROUNDING {
+            return Err(InvalidLimit {
+                field: "per_second",
+                reason:
+                    "must have an emission interval within 1% of whole microseconds for GCRA (1e6 / rate): \
+                         above 1e4 a second, choose a rate that divides 1e6, or the token bucket",
+            });
+        }
+        Ok((t as i64, burst.min(f64::from(u32::MAX)) as u32))
     }
 
     /// The first instant (µs) at which `cells` conform, for a key whose TAT is `tat`.
@@ -156,6 +179,28 @@ impl Gcra {
         let capacity = self.tau + self.t;
         let left = (now + capacity - tat).clamp(0, capacity) / self.t;
         u32::try_from(left).unwrap_or(u32::MAX)
+    }
+}
+
+/// The shortest emission interval a GCRA limiter counts: one microsecond, a million cells a
+/// second.
+const GCRA_MIN_INTERVAL_US: f64 = 1.0;
+
+/// How much longer than exact an interval may be once rounded up to whole microseconds: a
+/// limiter may enforce at most 1% less than its rate.
+const GCRA_MAX_ROUNDING: f64 = 1.01;
+
+impl Limit {
+    /// Checks that a named (GCRA) limiter can enforce this limit exactly enough: a burst of
+    /// at least one whole cell, and a rate whose emission interval rounded up to whole
+    /// microseconds loses at most 1% of it (every rate up to 1e4 a second; above that, up to
+    /// 1e6 a second, rates whose interval is close to whole, such as any that divides 1e6).
+    /// The interval is rounded up, never down, so no limiter admits above its rate.
+    ///
+    /// # Errors
+    /// [`InvalidLimit`] naming `burst` or `per_second`.
+    pub fn fits_gcra(self) -> Result<(), InvalidLimit> {
+        Gcra::interval_and_burst(self).map(|_| ())
     }
 }
 
@@ -215,10 +260,37 @@ mod tests {
     }
 
     #[test]
+    fn no_gcra_limit_enforces_above_its_rate_or_more_than_one_percent_below_it() {
+        // Rounded to the nearest microsecond, 7e5 a second was a 1 µs interval: 1e6 a second,
+        // 1.43 times the limit; and 2e6 a second was capped at 1e6.
+        for rate in [7e5, 6.7e5, 9.9e5, 2e6, 3e4, 1e12] {
+            let refused = Limit::new(rate, rate).unwrap().fits_gcra();
+            assert_eq!(refused.map_err(|invalid| invalid.field), Err("per_second"), "{rate}/s");
+        }
+        let mut rate = 0.01;
+        while rate <= 1e6 {
+            let limit = Limit::new(rate, rate.max(1.0)).unwrap();
+            if let Some(gcra) = Gcra::of(limit) {
+                let enforced = 1e6 / gcra.t as f64;
+                assert!(enforced <= rate, "{rate}/s enforced as {enforced}/s");
+                assert!(enforced >= rate / 1.01, "{rate}/s enforced as {enforced}/s");
+            } else {
+                assert!(rate > 1e4, "{rate}/s refused");
+            }
+            rate *= 1.37;
+        }
+        for rate in [1e6, 5e5, 2.5e5, 1e5, 5e4] {
+            assert!(Limit::new(rate, 10.0).unwrap().fits_gcra().is_ok(), "{rate}/s divides 1e6");
+        }
+    }
+
+    #[test]
     fn a_limit_in_gcra_terms() {
         let gcra = Gcra::of(Limit::new(0.2, 20.0).unwrap()).unwrap();
         assert_eq!(gcra, Gcra { t: 5_000_000, tau: 95_000_000, burst: 20 });
         assert_eq!(Gcra::of(Limit::new(1.0, 0.5).unwrap()), None);
+        // An interval that is not whole is rounded up: 3 a second is 333,334 µs a cell.
+        assert_eq!(Gcra::of(Limit::new(3.0, 1.0).unwrap()).unwrap().t, 333_334);
         // A fresh key (tat = now) has the whole burst; each cell moves tat by t.
         assert_eq!(gcra.remaining(1_000, 1_000), 20);
         assert_eq!(gcra.earliest(1_000, 20), 1_000);

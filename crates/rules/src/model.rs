@@ -275,6 +275,14 @@ impl RuleDraft {
                 "GCRA governs only access_issuance_domain: the other scopes are spent two at a time, in one token-bucket statement",
             ));
         }
+        if algorithm == Algorithm::Gcra {
+            // GCRA counts whole cells and whole microseconds: a rate it cannot enforce within
+            // 1% is refused here rather than enforced as another (ratebudget::Limit::fits_gcra).
+            limit.fits_gcra().map_err(|unfit| {
+                let field = if unfit.field == "per_second" { "rate" } else { "burst" };
+                invalid(field, unfit.reason)
+            })?;
+        }
         let mode = self.mode.as_deref().map_or(Ok(Mode::Enforce), Mode::parse)?;
         let fail_mode = self.fail_mode.as_deref().map_or(Ok(FailMode::Closed), FailMode::parse)?;
         let priority = i32::try_from(self.priority.unwrap_or(0))

@@ -7,6 +7,21 @@ use chrono::{DateTime, TimeZone, Utc};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgConnection, PgPool};
 
+/// Returns once exactly `sessions` sessions of this test's database wait on a lock: calls held
+/// behind a row or a table another transaction of the test has locked.
+pub(crate) async fn sessions_wait_on_a_lock(pool: &PgPool, sessions: i64) {
+    crate::support::replicas::eventually(Duration::from_secs(5), "calls wait on a lock", || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        waiting == sessions
+    })
+    .await;
+}
+
 /// A fixed instant for tests that drive the limiters' clock by hand.
 pub(crate) fn instant() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap()

@@ -37,8 +37,9 @@ pub(crate) fn config(database: &PgConnectOptions, knobs: &[(&str, &str)]) -> Con
         (config::LISTEN, "127.0.0.1:0"),
         (config::DATABASE_TIMEOUT_MS, "1000"),
         // Tests run debug builds side by side on two cores: the production 250 ms would turn
-        // a slow machine into 500s. Tests about the timeout set their own.
-        (config::DECISION_TIMEOUT_MS, "1000"),
+        // a slow machine into 500s. Tests about the timeout set their own. It must stay below
+        // the database time above, within which a take waits.
+        (config::DECISION_TIMEOUT_MS, "800"),
     ];
     let knobs = Knobs::from_pairs(base.iter().chain(knobs).copied()).unwrap();
     let mut config = Config::from_knobs(&knobs).unwrap();

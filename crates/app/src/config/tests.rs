@@ -82,6 +82,22 @@ fn invalid_knobs_are_named() {
     rejects(&[(TAKE_BATCH_MAX, "1025")], TAKE_BATCH_MAX);
     rejects(&[(SECRET_CACHE_CAPACITY, "10000001")], SECRET_CACHE_CAPACITY);
     rejects(&[(DECISION_TIMEOUT_MS, "9")], DECISION_TIMEOUT_MS);
+    // GCRA counts whole microseconds: 7e5 failures a second would be enforced as 5e5.
+    rejects(&[(AUTH_FAILURE_PER_SECOND, "700000"), (AUTH_FAILURE_BURST, "20")], AUTH_FAILURE_PER_SECOND);
+}
+
+#[test]
+fn a_take_gives_up_on_the_store_before_the_request_gives_up_on_the_take() {
+    // At or above the request's database deadline, a take would be dropped mid-wait and its
+    // fail mode would never decide it.
+    for (decision, database) in [("3000", "3000"), ("5000", "3000")] {
+        let error = parse(&[(DECISION_TIMEOUT_MS, decision), (DATABASE_TIMEOUT_MS, database)]).unwrap_err();
+        assert_eq!(error.knob, DECISION_TIMEOUT_MS);
+        let message = error.to_string();
+        assert!(message.contains(DATABASE_TIMEOUT_MS) && message.contains(DECISION_TIMEOUT_MS), "{message}");
+    }
+    let config = parse(&[(DECISION_TIMEOUT_MS, "2999"), (DATABASE_TIMEOUT_MS, "3000")]).unwrap();
+    assert_eq!(config.decision_timeout, Duration::from_millis(2999));
 }
 
 #[test]

@@ -61,6 +61,25 @@ fn gcra_governs_issuance_only() {
 }
 
 #[test]
+fn a_gcra_rule_names_a_rate_gcra_cannot_enforce_within_one_percent() {
+    // GCRA counts whole microseconds: 7e5 a second would be enforced as 5e5 (or, rounded to
+    // the nearest, as 1e6), so it is refused naming the rate; 5e5 divides 1e6 and is exact.
+    let gcra = |rate: f64| RuleDraft {
+        scope: "access_issuance_domain".into(),
+        algorithm: Some("GCRA".into()),
+        rate,
+        burst: 100.0,
+        ..draft()
+    };
+    rejects(gcra(7e5), "rate");
+    assert!(gcra(5e5).validate().is_ok());
+    // The token bucket has no such grain.
+    assert!(RuleDraft { scope: "access_issuance_domain".into(), rate: 7e5, burst: 100.0, ..draft() }
+        .validate()
+        .is_ok());
+}
+
+#[test]
 fn the_refill_rule_is_limits_own_comparison() {
     // The boundary case that once passed Rust and tripped a CHECK: the comparison must be
     // exactly `burst <= per_second * 3600`, with per_second computed as the CHECK computes it.
