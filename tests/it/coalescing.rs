@@ -24,28 +24,47 @@ struct Step {
     first: (usize, f64),
     second: Option<(usize, f64)>,
     micros: i64,
+    /// Whether each side is sized by its bucket's other limit (a rule changed between two
+    /// callers' takes, say): a faster rate and a smaller burst.
+    other_limit: (bool, bool),
 }
 
 fn step(keys: usize) -> impl Strategy<Value = Step> {
     let cost = prop_oneof![Just(1.0), 0.0f64..5.0, Just(0.0), 6.0f64..9.0];
     // Forward, standing still, or back (a caller whose clock is behind).
     let micros = prop_oneof![4 => 0i64..300_000, 2 => Just(0i64), 1 => -200_000i64..0];
-    (0..keys, cost.clone(), prop::option::of((0..keys, cost)), micros)
-        .prop_map(|(bucket, cost, second, micros)| Step { first: (bucket, cost), second, micros })
+    let other_limit = prop_oneof![3 => Just(false), 1 => Just(true)];
+    (0..keys, cost.clone(), prop::option::of((0..keys, cost)), micros, (other_limit.clone(), other_limit))
+        .prop_map(|(bucket, cost, second, micros, other_limit)| Step {
+            first: (bucket, cost),
+            second,
+            micros,
+            other_limit,
+        })
 }
 
 /// What a round's queue looks like. The store sends single takes all of one bucket, and single
 /// takes of distinct buckets, to functions of their own (migrations/0014); any other queue to
-/// the general one. All three must decide as one take at a time.
+/// the general one. All must decide as one take at a time.
 #[derive(Clone, Copy, Debug)]
 enum Shape {
     Mixed,
     OneBucket,
     DistinctBuckets,
+    /// Pairs of one hot bucket and a bucket no other take of the call touches (a Node's
+    /// reads, each with another Domain's): where the general function's foresight once
+    /// refused a pair whose hot side an earlier take at a later instant, or a faster rate,
+    /// had left covered (issue 20, item 3).
+    LonelyPairs,
 }
 
 fn shape() -> impl Strategy<Value = Shape> {
-    prop_oneof![2 => Just(Shape::Mixed), 1 => Just(Shape::OneBucket), 1 => Just(Shape::DistinctBuckets)]
+    prop_oneof![
+        4 => Just(Shape::Mixed),
+        2 => Just(Shape::OneBucket),
+        2 => Just(Shape::DistinctBuckets),
+        1 => Just(Shape::LonelyPairs),
+    ]
 }
 
 /// The buckets: the first half Node-scoped, the rest Domain-scoped, each with its own limit.
@@ -67,12 +86,19 @@ fn buckets(limits: &[Limit]) -> Vec<(Scope, Key, Limit)> {
     buckets
 }
 
+/// A bucket's other limit: two and a half times the rate, three quarters of the burst (at
+/// least 1), so it still refills within the hour.
+fn other(limit: Limit) -> Limit {
+    Limit::new(limit.per_second() * 2.5, (limit.burst() * 0.75).max(1.0)).unwrap()
+}
+
 /// Takes in queue order, each with its caller's instant.
 type Queue = Vec<(Take, DateTime<Utc>)>;
 
 fn queue(buckets: &[(Scope, Key, Limit)], steps: &[Step]) -> Queue {
-    let spend = |(bucket, cost): (usize, f64)| {
+    let spend = |(bucket, cost): (usize, f64), other_limit: bool| {
         let (scope, key, limit) = buckets[bucket];
+        let limit = if other_limit { other(limit) } else { limit };
         Spend::new(scope, key, cost, limit)
     };
     let mut now = instant();
@@ -81,8 +107,10 @@ fn queue(buckets: &[(Scope, Key, Limit)], steps: &[Step]) -> Queue {
         .map(|step| {
             now += Duration::microseconds(step.micros);
             let take = match step.second {
-                Some(second) => Take::Pair(spend(step.first), spend(second)),
-                None => Take::Single(spend(step.first)),
+                Some(second) => {
+                    Take::Pair(spend(step.first, step.other_limit.0), spend(second, step.other_limit.1))
+                }
+                None => Take::Single(spend(step.first, step.other_limit.0)),
             };
             (take, now)
         })
@@ -124,11 +152,33 @@ fn a_coalesced_queue_decides_exactly_as_one_take_at_a_time_in_its_order() {
                             step.second = None;
                         }
                         Shape::DistinctBuckets => return None,
+                        Shape::LonelyPairs => {
+                            // Single takes and pairs of the hot bucket, the pairs' other side a
+                            // bucket of their own (past `keys`), and the clock going back every
+                            // other take, as the instants of callers that read their clocks
+                            // before they queued.
+                            step.first.0 = keys;
+                            step.second = step.second.map(|(_, cost)| (keys + 1 + i, cost));
+                            step.micros = if i % 2 == 1 { -step.micros.abs() } else { step.micros.abs() };
+                        }
                     }
                     Some(step)
                 })
                 .collect();
-            let queue = queue(&buckets, &steps);
+            // For lonely pairs, a fresh hot bucket (at `keys`), spent to empty by a take of
+            // its own before the call, and the pairs' buckets, fresh each round: Domains no
+            // other take names.
+            let mut round_buckets = buckets.clone();
+            round_buckets.push((Scope::IngestNode, key(), limits[0]));
+            round_buckets.extend(steps.iter().map(|_| (Scope::IngestDomain, key(), limits[0])));
+            if let Shape::LonelyPairs = shape {
+                let (scope, hot, limit) = round_buckets[keys];
+                let empty = Take::Single(Spend::new(scope, hot, limit.burst(), limit));
+                for store in [&batched, &one_at_a_time] {
+                    prop_assert!(runtime.block_on(store.decide(empty, instant())).unwrap().is_granted());
+                }
+            }
+            let queue = queue(&round_buckets, &steps);
             let together = runtime.block_on(batched.decide_all(&queue));
             for (i, ((take, now), coalesced)) in queue.iter().zip(together).enumerate() {
                 let single = runtime.block_on(one_at_a_time.decide(*take, *now));
@@ -461,4 +511,59 @@ async fn a_bucket_swept_while_its_call_waits_is_minted_afresh(pool: PgPool) {
     let tokens: f64 =
         sqlx::query_scalar("SELECT tokens FROM plexsphere.rate_budgets").fetch_one(&pool).await.unwrap();
     assert_eq!(tokens, 7.0);
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_take_later_in_a_call_at_an_earlier_instant_is_not_foreseen_short(pool: PgPool) {
+    // Issue 20, item 3. The general function foresaw a take refused when the snapshot could
+    // not cover it at the take's own instant; but take 1, at a later instant, leaves the row
+    // refilled up to that instant, which covers take 2. Take 2 was refused, blaming its other
+    // bucket, which is full; one at a time grants it.
+    let store = Store::new(pool.clone());
+    let limit = Limit::new(1.0, 10.0).unwrap();
+    let (a1, b2) = (key(), key());
+    let t = instant();
+    sqlx::query("INSERT INTO plexsphere.rate_budgets (scope, bucket_key, tokens, refilled_at) VALUES ('ingest_node', $1, 0, $2)")
+        .bind(a1.as_uuid())
+        .bind(t)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let node = |cost| Spend::new(Scope::IngestNode, a1, cost, limit);
+    let queue = [
+        (Take::Single(node(0.1)), t + Duration::seconds(2)),
+        (
+            Take::Pair(node(1.6), Spend::new(Scope::IngestDomain, b2, 1.0, limit)),
+            t + Duration::milliseconds(1500),
+        ),
+    ];
+    let decisions = store.decide_all(&queue).await;
+    let Ok(Decision::Granted(grant)) = &decisions[1] else { panic!("{decisions:?}") };
+    let left = |which| grant.remaining(which).unwrap().tokens;
+    assert!((left(ratebudget::Which::First) - 0.3).abs() < 1e-9, "{grant:?}");
+    assert_eq!(left(ratebudget::Which::Second), 9.0);
+
+    // The same with a faster rate on the first take: it refills more than the second's rate
+    // would have.
+    let (a1, b2) = (key(), key());
+    sqlx::query("INSERT INTO plexsphere.rate_budgets (scope, bucket_key, tokens, refilled_at) VALUES ('ingest_node', $1, 0, $2)")
+        .bind(a1.as_uuid())
+        .bind(t)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let fast = Limit::new(4.0, 10.0).unwrap();
+    let at = t + Duration::seconds(1);
+    let queue = [
+        (Take::Single(Spend::new(Scope::IngestNode, a1, 0.1, fast)), at),
+        (
+            Take::Pair(
+                Spend::new(Scope::IngestNode, a1, 2.0, limit),
+                Spend::new(Scope::IngestDomain, b2, 1.0, limit),
+            ),
+            at,
+        ),
+    ];
+    let decisions = store.decide_all(&queue).await;
+    assert!(matches!(decisions[1], Ok(Decision::Granted(_))), "3.9 left covers 2: {decisions:?}");
 }

@@ -57,3 +57,23 @@ fn every_migration_is_recorded_and_no_released_one_has_changed() {
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn the_coalesced_take_functions_keep_planning_once_per_session(pool: sqlx::PgPool) {
+    // 0013 set plan_cache_mode on decide_rate_budget_batch; a later CREATE OR REPLACE without
+    // the clause would drop it silently (and a call would plan six statements again).
+    for function in [
+        "decide_rate_budget_batch",
+        "decide_rate_budget_batch_of_one_bucket",
+        "decide_rate_budget_batch_of_distinct_buckets",
+    ] {
+        let config: Option<Vec<String>> = sqlx::query_scalar(
+            "SELECT proconfig FROM pg_proc WHERE proname = $1 AND pronamespace = 'plexsphere'::regnamespace",
+        )
+        .bind(function)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(config, Some(vec!["plan_cache_mode=force_generic_plan".to_owned()]), "{function}");
+    }
+}

@@ -630,3 +630,237 @@ fn waiting_exactly_the_retry_after_is_admitted_and_a_microsecond_less_is_not() {
     });
     runtime.block_on(database.drop_database(pool));
 }
+
+/// Returns once a session of this test's database waits for `event` (`advisory`, or
+/// `transactionid` for another transaction's row lock).
+async fn a_session_waits_for(pool: &PgPool, event: &str) {
+    crate::support::replicas::eventually(std::time::Duration::from_secs(5), event, || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = $1 AND datname = current_database()",
+        )
+        .bind(event)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        waiting == 1
+    })
+    .await;
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_pair_whose_new_bucket_is_reset_while_it_mints_it_is_decided_not_failed(pool: PgPool) {
+    // Issue 20, item 4. The pair function locks a missing bucket by inserting it ON CONFLICT
+    // DO NOTHING and then selecting it FOR UPDATE INTO STRICT: when another session minted the
+    // row first and a reset deleted it before that select, the take failed with "query
+    // returned no rows" where a decision was due. The interleaving is made exact with a
+    // trigger of this test's own database: every insert into the table waits for an advisory
+    // lock the test holds.
+    let store = Store::new(pool.clone());
+    let (node, domain) = (key(), key());
+    let limit = Limit::new(1.0, 10.0).unwrap();
+    let pair = Take::Pair(
+        Spend::new(Scope::IngestNode, node, 1.0, limit),
+        Spend::new(Scope::IngestDomain, domain, 1.0, limit),
+    );
+    let mut test = pool.acquire().await.unwrap();
+    for statement in [
+        "SELECT pg_advisory_lock(20)",
+        "CREATE FUNCTION wait_for_the_test() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_advisory_xact_lock(20); RETURN NEW; END $$",
+        "CREATE TRIGGER waits BEFORE INSERT ON plexsphere.rate_budgets FOR EACH ROW EXECUTE FUNCTION wait_for_the_test()",
+    ] {
+        sqlx::query(statement).execute(&mut *test).await.unwrap();
+    }
+
+    // The pair locks ingest_domain first (the database's order); it finds no row and waits in
+    // the trigger before its insert.
+    let decided = tokio::spawn({
+        let store = store.clone();
+        async move { store.decide(pair, instant()).await }
+    });
+    a_session_waits_for(&pool, "advisory").await;
+    // Meanwhile the row is minted elsewhere (the test's own session passes its own lock) and
+    // locked by a reset that is about to delete it.
+    sqlx::query("INSERT INTO plexsphere.rate_budgets (scope, bucket_key, tokens, refilled_at) VALUES ('ingest_domain', $1, 10, $2)")
+        .bind(domain.as_uuid())
+        .bind(instant())
+        .execute(&mut *test)
+        .await
+        .unwrap();
+    sqlx::query("BEGIN").execute(&mut *test).await.unwrap();
+    sqlx::query("SELECT 1 FROM plexsphere.rate_budgets WHERE bucket_key = $1 FOR UPDATE")
+        .bind(domain.as_uuid())
+        .execute(&mut *test)
+        .await
+        .unwrap();
+    sqlx::query("SELECT pg_advisory_unlock(20)").execute(&mut *test).await.unwrap();
+    // The pair's insert finds the row and does nothing; its select waits on the reset's lock.
+    a_session_waits_for(&pool, "transactionid").await;
+    sqlx::query("DELETE FROM plexsphere.rate_budgets WHERE bucket_key = $1")
+        .bind(domain.as_uuid())
+        .execute(&mut *test)
+        .await
+        .unwrap();
+    sqlx::query("COMMIT").execute(&mut *test).await.unwrap();
+
+    let decision = decided.await.unwrap();
+    assert!(matches!(decision, Ok(Decision::Granted(_))), "{decision:?}");
+    let domain_tokens: f64 =
+        sqlx::query_scalar("SELECT tokens FROM plexsphere.rate_budgets WHERE bucket_key = $1")
+            .bind(domain.as_uuid())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(domain_tokens, 9.0, "minted afresh after the reset, and debited");
+}
+
+/// Runs `sql` with text arguments (cast in the statement, so that `NaN` and `infinity` can be
+/// written), and returns the SQLSTATE of its error, or `None` if it succeeded.
+async fn sqlstate(pool: &PgPool, sql: &str, arguments: &[&str]) -> Option<String> {
+    let mut query = sqlx::query(sql);
+    for argument in arguments {
+        query = query.bind(*argument);
+    }
+    match query.execute(pool).await {
+        Ok(_) => None,
+        Err(sqlx::Error::Database(error)) => error.code().map(|code| code.into_owned()),
+        Err(error) => panic!("{error}"),
+    }
+}
+
+/// Every row, to check that a refused call wrote nothing.
+async fn all_rows(pool: &PgPool) -> Vec<(String, uuid::Uuid, f64, DateTime<Utc>)> {
+    sqlx::query_as("SELECT scope, bucket_key, tokens, refilled_at FROM plexsphere.rate_budgets ORDER BY 1, 2")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn the_table_refuses_tokens_and_instants_no_take_writes(pool: PgPool) {
+    // Issue 20, item 5. `tokens >= 0` let NaN and +Infinity through (PostgreSQL orders NaN
+    // above every number), and refilled_at took +-infinity.
+    let insert = "INSERT INTO plexsphere.rate_budgets (scope, bucket_key, tokens, refilled_at) \
+                  VALUES ('ingest_node', gen_random_uuid(), $1::float8, $2::timestamptz)";
+    for (tokens, at) in [
+        ("NaN", "2026-11-30 12:00Z"),
+        ("Infinity", "2026-11-30 12:00Z"),
+        ("-Infinity", "2026-11-30 12:00Z"),
+        ("1", "infinity"),
+        ("1", "-infinity"),
+    ] {
+        assert_eq!(
+            sqlstate(&pool, insert, &[tokens, at]).await.as_deref(),
+            Some("23514"),
+            "{tokens} at {at}"
+        );
+    }
+    assert_eq!(sqlstate(&pool, insert, &["0", "2026-11-30 12:00Z"]).await, None);
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn every_decision_function_refuses_arguments_it_must_never_see_and_writes_nothing(pool: PgPool) {
+    // Issue 20, item 5: an operator's psql or a future caller. Each of these, given to the
+    // arithmetic, could grant (a NaN rate refilled a bucket to full: LEAST ignores NaN) or
+    // credit (a negative cost added tokens). Now each is an error, before anything is written.
+    let (node, domain) = (key().as_uuid().to_string(), key().as_uuid().to_string());
+    let now = "2026-11-30 12:00Z";
+    // Both buckets exist and are empty.
+    for (scope, key) in [("ingest_node", &node), ("ingest_domain", &domain)] {
+        sqlx::query("INSERT INTO plexsphere.rate_budgets (scope, bucket_key, tokens, refilled_at) VALUES ($1, $2::uuid, 0, $3::timestamptz)")
+            .bind(scope)
+            .bind(key)
+            .bind(now)
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    let before = all_rows(&pool).await;
+    // (cost, rate, burst, instant) for one side; each bad in one way.
+    let bad = [
+        ("-1", "1", "10", now),
+        ("NaN", "1", "10", now),
+        ("Infinity", "1", "10", now),
+        ("1", "NaN", "10", now),
+        ("1", "Infinity", "10", now),
+        ("1", "-1", "10", now),
+        ("1", "1", "NaN", now),
+        ("1", "1", "0", now),
+        ("1", "1", "10", "infinity"),
+        ("1", "1", "10", "-infinity"),
+    ];
+    let pair = "SELECT * FROM plexsphere.decide_rate_budget_pair('ingest_node', $5::uuid, $1::float8, $2::float8, $3::float8, \
+                'ingest_domain', $6::uuid, 1, 1, 10, $4::timestamptz)";
+    let old_pair = "SELECT plexsphere.take_rate_budget_pair('ingest_node', $5::uuid, $1::float8, $2::float8, $3::float8, \
+                    'ingest_domain', $6::uuid, 1, 1, 10, $4::timestamptz)";
+    let batch = "SELECT * FROM plexsphere.decide_rate_budget_batch(ARRAY['ingest_node', 'ingest_domain'], ARRAY[$5::uuid, $6::uuid], \
+                 ARRAY[1], ARRAY[$1::float8], ARRAY[$2::float8], ARRAY[$3::float8], ARRAY[2], ARRAY[1::float8], ARRAY[1::float8], ARRAY[10::float8], \
+                 ARRAY[$4::timestamptz])";
+    let one_bucket = "SELECT * FROM plexsphere.decide_rate_budget_batch_of_one_bucket('ingest_node', $5::uuid, \
+                      ARRAY[$1::float8], ARRAY[$2::float8], ARRAY[$3::float8], ARRAY[$4::timestamptz]) WHERE $6::text IS NOT NULL";
+    let distinct = "SELECT * FROM plexsphere.decide_rate_budget_batch_of_distinct_buckets(ARRAY['ingest_node', 'ingest_domain'], \
+                    ARRAY[$5::uuid, $6::uuid], ARRAY[$1::float8, 1], ARRAY[$2::float8, 1], ARRAY[$3::float8, 10], ARRAY[$4::timestamptz, $4::timestamptz])";
+    let take = include_str!("../../crates/ratebudget/queries/take.sql");
+    for (cost, rate, burst, at) in bad {
+        for (name, sql) in [
+            ("pair", pair),
+            ("0002 pair", old_pair),
+            ("batch", batch),
+            ("one bucket", one_bucket),
+            ("distinct", distinct),
+        ] {
+            let state = sqlstate(&pool, sql, &[cost, rate, burst, at, &node, &domain]).await;
+            assert_eq!(
+                state.as_deref(),
+                Some("22023"),
+                "{name}: cost {cost}, rate {rate}, burst {burst}, at {at}"
+            );
+        }
+        let state = sqlstate(&pool, take, &["ingest_node", &node, cost, rate, burst, at]).await;
+        assert_eq!(
+            state.as_deref(),
+            Some("22023"),
+            "take.sql: cost {cost}, rate {rate}, burst {burst}, at {at}"
+        );
+    }
+    // A cost above the burst, which the statement would mint as a negative balance.
+    let state =
+        sqlstate(&pool, take, &["ingest_node", &key().as_uuid().to_string(), "11", "1", "10", now]).await;
+    assert_eq!(state.as_deref(), Some("22023"), "take.sql: a cost above the burst");
+
+    // Buckets the functions assume distinct: a pair of one bucket, a batch naming a bucket
+    // twice, or a take of a batch whose two sides are one bucket.
+    let good = ["1", "1", "10", now];
+    let same_pair = pair.replace("$6::uuid", "$5::uuid").replace("'ingest_domain'", "'ingest_node'")
+        + " WHERE $6::text IS NOT NULL";
+    let twice = batch.replace("$6::uuid]", "$5::uuid]").replace("'ingest_domain']", "'ingest_node']");
+    let one_take_twice = batch.replace("ARRAY[2]", "ARRAY[1]");
+    for (name, sql) in [
+        ("pair of one bucket", same_pair),
+        ("a bucket twice", twice),
+        ("sides of one bucket", one_take_twice),
+    ] {
+        let state = sqlstate(&pool, &sql, &[good[0], good[1], good[2], good[3], &node, &domain]).await;
+        assert_eq!(state.as_deref(), Some("22023"), "{name}");
+    }
+
+    // A named limiter's request: n below 1 or above the burst (a missing key would be granted
+    // n cells at once), an interval below 1 µs, a negative tolerance.
+    let named = include_str!("../../crates/ratebudget/queries/decide_named.sql");
+    let hash = format!("\\x{}", "ab".repeat(32));
+    // (t, tau, n): a burst of 3 cells at 1 s each is t = 1e6, tau = 2e6.
+    for (t, tau, n) in [
+        ("1000000", "2000000", "0"),
+        ("1000000", "2000000", "-1"),
+        ("1000000", "2000000", "4"),
+        ("0", "0", "1"),
+        ("1000000", "-1", "1"),
+    ] {
+        let state = sqlstate(&pool, named, &["login", &hash, "1700000000000000", t, tau, n]).await;
+        assert_eq!(state.as_deref(), Some("22023"), "decide_named: t {t}, tau {tau}, n {n}");
+    }
+    let granted =
+        sqlstate(&pool, named, &["login", &hash, "1700000000000000", "1000000", "2000000", "3"]).await;
+    assert_eq!(granted, None, "the whole burst at once is fine");
+
+    assert_eq!(all_rows(&pool).await, before, "nothing was written");
+}

@@ -17,16 +17,35 @@
 --
 -- Result: (granted, tat_us), the TAT as set by the grant or as judged by the refusal; no row
 -- at all when a concurrent request won under the lock.
-WITH seen AS (
-    SELECT tat_us
-    FROM plexsphere.named_limits
-    WHERE limiter = $1::text
-      AND key_hash = $2::bytea
+--
+-- `args` refuses, with an error, arguments no caller of the crate sends: an interval below
+-- 1 µs, a negative tolerance, n below 1 or above the burst (`(n - 1) * t > tau`: a missing
+-- key would be granted n cells at once, more than the burst). `seen` joins it to the row and
+-- the INSERT reads it when there is no row, so no plan decides without it.
+WITH args AS MATERIALIZED (
+    SELECT CASE
+        WHEN $4::bigint >= 1 AND $5::bigint >= 0 AND $6::bigint >= 1
+             AND ($6::bigint - 1) * $4::bigint <= $5::bigint
+        THEN true
+        ELSE plexsphere.refuse_rate_budget_arguments(
+            'decide_named: the interval must be at least 1 µs, the tolerance not negative, and n from 1 to the burst'
+        )
+    END AS valid
+),
+seen AS (
+    SELECT l.tat_us
+    FROM args
+    JOIN plexsphere.named_limits AS l
+        ON args.valid
+       AND l.limiter = $1::text
+       AND l.key_hash = $2::bytea
 ),
 taken AS (
     INSERT INTO plexsphere.named_limits AS l (limiter, key_hash, tat_us)
     SELECT $1::text, $2::bytea, $3::bigint + $6::bigint * $4::bigint
-    WHERE NOT EXISTS (
+    FROM args
+    WHERE args.valid
+      AND NOT EXISTS (
         SELECT 1 FROM seen WHERE $3::bigint < seen.tat_us + ($6::bigint - 1) * $4::bigint - $5::bigint
     )
     ON CONFLICT (limiter, key_hash) DO UPDATE

@@ -36,22 +36,43 @@
 -- is what serialises concurrent takes on one bucket: the last token is granted once.
 -- A refusal decided by that WHERE matches no row and leaves the row as it was, so tokens
 -- accrued since the last grant are kept for the next take.
-WITH seen AS (
+--
+-- `args` refuses, with an error, arguments no caller of the crate sends (a cost negative, NaN
+-- or above the burst, a rate or burst not a number above 0, an infinite instant): given to
+-- the arithmetic they could grant or credit (docs in the migration that made
+-- plexsphere.rate_budget_arguments_valid). `seen` joins it to the row and the INSERT reads
+-- it when there is no row, so no plan decides without it; with good arguments it is a few
+-- comparisons.
+WITH args AS MATERIALIZED (
+    SELECT CASE
+        WHEN plexsphere.rate_budget_arguments_valid($3::float8, $4::float8, $5::float8, $6::timestamptz)
+             AND $3::float8 <= $5::float8
+        THEN true
+        ELSE plexsphere.refuse_rate_budget_arguments(
+            'take: the cost must be finite, not negative and at most the burst; the rate and burst finite and above 0; the instant finite'
+        )
+    END AS valid
+),
+seen AS (
     SELECT
-        tokens,
-        refilled_at,
+        b.tokens,
+        b.refilled_at,
         LEAST(
             $5::float8,
-            tokens + GREATEST(0::float8, date_part('epoch', $6::timestamptz - refilled_at)) * $4::float8
+            b.tokens + GREATEST(0::float8, date_part('epoch', $6::timestamptz - b.refilled_at)) * $4::float8
         ) AS level
-    FROM plexsphere.rate_budgets
-    WHERE scope = $1::text
-      AND bucket_key = $2::uuid
+    FROM args
+    JOIN plexsphere.rate_budgets AS b
+        ON args.valid
+       AND b.scope = $1::text
+       AND b.bucket_key = $2::uuid
 ),
 taken AS (
     INSERT INTO plexsphere.rate_budgets AS b (scope, bucket_key, tokens, refilled_at)
     SELECT $1::text, $2::uuid, $5::float8 - $3::float8, $6::timestamptz
-    WHERE NOT EXISTS (SELECT 1 FROM seen WHERE seen.level < $3::float8)
+    FROM args
+    WHERE args.valid
+      AND NOT EXISTS (SELECT 1 FROM seen WHERE seen.level < $3::float8)
     ON CONFLICT (scope, bucket_key) DO UPDATE
     SET tokens = LEAST(
             $5::float8,

@@ -157,7 +157,10 @@ impl Gcra {
         }
         // A rate of at most 1e12 a second and a burst refilled within the hour keep these far
         // inside i64: t <= 3.6e9 µs, tau <= 3.6e9 µs.
-        let t = exact.ceil();
+        // An interval a whole number of microseconds apart from the division's rounding
+        // (1e6 / (1e6 / 7) is 7.000000000000001) is that number; any other is rounded up.
+        let nearest = exact.round();
+        let t = if (exact - nearest).abs() <= nearest * 1e-12 { nearest } else { exact.ceil() };
         if t > exact * GCRA_MAX_ROUNDING {
             return Err(InvalidLimit {
                 field: "per_second",
