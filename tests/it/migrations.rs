@@ -77,3 +77,69 @@ async fn the_coalesced_take_functions_keep_planning_once_per_session(pool: sqlx:
         assert_eq!(config, Some(vec!["plan_cache_mode=force_generic_plan".to_owned()]), "{function}");
     }
 }
+
+/// The versions written before migrations had to grow: the only ones allowed out of order.
+const WRITTEN_OUT_OF_ORDER: std::ops::RangeInclusive<i64> = 1..=57;
+
+#[test]
+fn every_migration_since_the_last_written_out_of_order_has_a_timestamp_version_above_them() {
+    // Issue 20, item 6. sqlx applies a missing version below the highest applied one, so a
+    // migration whose version sorts below one already released runs in another order on an
+    // upgraded database than on a fresh one. Versions are timestamps now (`sqlx migrate add`),
+    // each above every earlier one; the repository's before-stop hook checks that the newest
+    // file sorts last, and `serve` refuses a database that lacks one below one it has.
+    for migration in app::MIGRATOR.iter() {
+        if WRITTEN_OUT_OF_ORDER.contains(&migration.version) {
+            continue;
+        }
+        assert!(
+            (20_261_201_000_000..100_000_000_000_000).contains(&migration.version),
+            "migration {} ({}) must have a timestamp version (YYYYMMDDHHMMSS) above every earlier one",
+            migration.version,
+            migration.description
+        );
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_database_lacking_a_migration_below_one_it_has_is_refused_before_anything_is_applied(
+    options: sqlx::postgres::PgPoolOptions,
+    connect: sqlx::postgres::PgConnectOptions,
+) {
+    let pool = options.connect_with(connect.clone()).await.unwrap();
+    // Issue 20, item 6: a database migrated by a build that had 0057 but not 0014, as the
+    // builds before 0014 left them.
+    let without_0014 = sqlx::migrate::Migrator {
+        migrations: app::MIGRATOR
+            .iter()
+            .filter(|migration| migration.version <= 57 && migration.version != 14)
+            .cloned()
+            .collect(),
+        ..sqlx::migrate::Migrator::DEFAULT
+    };
+    without_0014.run(&pool).await.unwrap();
+    let applied = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM _sqlx_migrations").fetch_one(&pool).await.unwrap()
+    };
+    let before = applied().await;
+
+    let refused = app::migrations::apply(&app::MIGRATOR, &pool, false).await.unwrap_err();
+    let app::migrations::MigrateError::OutOfOrder(out_of_order) = &refused else { panic!("{refused:?}") };
+    assert_eq!(out_of_order.highest_applied, 57);
+    assert_eq!(out_of_order.missing.iter().map(|gap| gap.version).collect::<Vec<_>>(), [14]);
+    assert_eq!(applied().await, before, "nothing was applied");
+
+    // `serve` refuses to start on it, saying what is missing and what to do.
+    let config = crate::support::replicas::config(&connect, &[]);
+    let message = format!("{:#}", app::cli::serve(config, true).await.unwrap_err());
+    assert!(
+        message.contains("lacks 14 (decide one bucket") && message.contains("--allow-out-of-order"),
+        "{message}"
+    );
+    assert_eq!(applied().await, before);
+
+    // Told so, having checked, the operator fills the gap and applies the rest.
+    app::migrations::apply(&app::MIGRATOR, &pool, true).await.unwrap();
+    assert_eq!(applied().await, app::MIGRATOR.iter().count() as i64);
+    assert!(app::migrations::gaps(&app::MIGRATOR, &pool).await.unwrap().is_none());
+}

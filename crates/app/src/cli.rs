@@ -36,6 +36,11 @@ enum Command {
     },
     /// Apply every pending migration to DATABASE_URL.
     Migrate {
+        /// Apply migrations the database lacks below one it has already applied (refused
+        /// otherwise, because they would run in another order than on a fresh database):
+        /// only after checking that they do not depend on what was applied after them.
+        #[arg(long)]
+        allow_out_of_order: bool,
         #[command(flatten)]
         database: Database,
     },
@@ -101,7 +106,9 @@ pub async fn main() -> anyhow::Result<()> {
                 std::process::exit(2);
             }
         },
-        Command::Migrate { database } => migrate(database.options()?).await,
+        Command::Migrate { allow_out_of_order, database } => {
+            migrate(database.options()?, allow_out_of_order).await
+        }
         Command::Secrets { command: SecretsCommand::Rekey { batch_size, database, keys } } => {
             let keyring = match keys.keyring() {
                 Ok(keyring) => keyring,
@@ -140,11 +147,13 @@ pub async fn serve(config: Config, migrate_first: bool) -> anyhow::Result<()> {
             config::SECRETS_KEY
         );
     }
+    let pool = connect(config.database.clone()).await?;
     if migrate_first {
-        let pool = connect(config.database.clone()).await?;
-        migrate_pool(&pool).await?;
-        pool.close().await;
+        migrate_pool(&pool, false).await?;
+    } else if let Some(out_of_order) = crate::migrations::gaps(&crate::MIGRATOR, &pool).await? {
+        return Err(out_of_order.into());
     }
+    pool.close().await;
     let application = Application::build(config, Wiring::production()).await?;
     let shutdown = application.shutdown_token();
     let mut signals = StopSignals::listen();
@@ -159,13 +168,15 @@ pub async fn serve(config: Config, migrate_first: bool) -> anyhow::Result<()> {
     application.run_until_stopped().await
 }
 
-/// `plexsphere migrate`: applies every pending migration.
+/// `plexsphere migrate`: applies every pending migration; one below a migration the database
+/// has already applied only when `allow_out_of_order` (see [`crate::migrations`]).
 ///
 /// # Errors
-/// When the database cannot be reached or a migration fails.
-pub async fn migrate(database: PgConnectOptions) -> anyhow::Result<()> {
+/// When the database cannot be reached, lacks a migration below one it has (and
+/// `allow_out_of_order` is not given), or a migration fails.
+pub async fn migrate(database: PgConnectOptions, allow_out_of_order: bool) -> anyhow::Result<()> {
     let pool = connect(database).await?;
-    migrate_pool(&pool).await
+    migrate_pool(&pool, allow_out_of_order).await
 }
 
 /// `plexsphere budgets show <key>`: every scope's bucket of one Node or Domain, as stored.
@@ -337,8 +348,8 @@ async fn connect(database: PgConnectOptions) -> anyhow::Result<PgPool> {
         .context("failed to connect to the database (DATABASE_URL)")
 }
 
-async fn migrate_pool(pool: &PgPool) -> anyhow::Result<()> {
-    crate::MIGRATOR.run(pool).await.context("failed to apply migrations")?;
+async fn migrate_pool(pool: &PgPool, allow_out_of_order: bool) -> anyhow::Result<()> {
+    crate::migrations::apply(&crate::MIGRATOR, pool, allow_out_of_order).await?;
     tracing::info!("migrations applied");
     Ok(())
 }

@@ -12,6 +12,7 @@ pub mod leader;
 pub mod limits;
 pub mod listener;
 pub mod metrics;
+pub mod migrations;
 pub mod otlp;
 pub mod revocations;
 pub mod startup;
