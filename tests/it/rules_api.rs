@@ -240,6 +240,38 @@ async fn a_rollback_writes_a_new_version_equal_to_the_one_named_and_brings_back_
     let recreated = rollback(2, None).await;
     assert_eq!((recreated.status, etag(&recreated)), (StatusCode::CREATED, "\"7\"".to_owned()));
     assert_eq!(content(&recreated.body), content(&v2.body));
+
+    // Issue 20, item 7: every change is in the audit log too, with its actor, the rule and
+    // the version it made; refused changes (the 412s, the 404s, the 400) are not.
+    let audit = api.operator(Method::GET, "/v1/audit", None).await;
+    let changes: Vec<(String, String, String, i64)> = audit
+        .body
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .map(|entry| {
+            (
+                entry["actor"].as_str().unwrap().to_owned(),
+                entry["action"].as_str().unwrap().to_owned(),
+                entry["rule_id"].as_str().unwrap().to_owned(),
+                entry["rule_version"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, String, String, i64)> = [
+        ("rule.put", 1),
+        ("rule.put", 2),
+        ("rule.put", 3),
+        ("rule.rollback", 4),
+        ("rule.rollback", 5),
+        ("rule.delete", 6),
+        ("rule.rollback", 7),
+    ]
+    .into_iter()
+    .map(|(action, version)| ("operator".to_owned(), action.to_owned(), "r".to_owned(), version))
+    .collect();
+    assert_eq!(changes, expected);
     api.stop().await;
 }
 
@@ -339,6 +371,13 @@ async fn the_limits_route_shows_which_rule_governs_each_scope_at_every_level_and
 
     // No rule yet: the knobs govern a fresh install.
     let fresh = limits().await;
+    // Issue 20, item 7: every body this route answers is an object with each key once (a
+    // governing rule's level was also flattened in as its own `level`).
+    let no_key_twice = || async {
+        let text = api.get_text(&limits_path, crate::support::replicas::OPERATOR_TOKEN).await;
+        assert_eq!(crate::support::helpers::duplicate_keys(&text), Vec::<String>::new(), "{text}");
+    };
+    no_key_twice().await;
     assert_eq!(
         (fresh.body["tier"].clone(), fresh.body["rules_revision"].clone()),
         (json!("standard"), json!(0))
@@ -368,8 +407,13 @@ async fn the_limits_route_shows_which_rule_governs_each_scope_at_every_level_and
     // The override wins; of two at one priority, the smaller id; the rest are outranked in
     // precedence order.
     let now = limits().await;
+    no_key_twice().await;
     let reads_limit = scope_of(&now, "secret_read_node");
     assert_eq!(governing(&reads_limit), (json!("domain"), json!("acme-a")));
+    assert_eq!(
+        reads_limit["governed_by"],
+        json!({ "level": "domain", "rule_id": "acme-a", "priority": 1, "version": 1 })
+    );
     assert_eq!(reads_limit["burst"], 51.0);
     let outranked: Vec<&str> = reads_limit["outranked"]
         .as_array()

@@ -91,10 +91,19 @@ pub enum Action {
     ResetBudget,
     /// `PATCH /v1/domains/{domain_id}`: the Domain moved to another tier.
     RetierDomain,
+    /// `PUT /v1/rules/{rule_id}`: a rule created or replaced (the subject names the version
+    /// written).
+    PutRule,
+    /// `POST /v1/rules/{rule_id}/rollback`: a rule given an earlier version's content again,
+    /// as a new version (the subject names the version written).
+    RollBackRule,
+    /// `DELETE /v1/rules/{rule_id}`: a rule deleted (the subject names the deletion's version
+    /// in the rule's history).
+    DeleteRule,
 }
 
 impl Action {
-    const ALL: [Action; 7] = [
+    const ALL: [Action; 10] = [
         Action::CreateDomain,
         Action::EnrolNode,
         Action::RevokeNode,
@@ -102,6 +111,9 @@ impl Action {
         Action::RekeySecrets,
         Action::ResetBudget,
         Action::RetierDomain,
+        Action::PutRule,
+        Action::RollBackRule,
+        Action::DeleteRule,
     ];
 
     /// The action as stored and shown: `noun.verb`.
@@ -114,6 +126,9 @@ impl Action {
             Action::RekeySecrets => "secrets.rekey",
             Action::ResetBudget => "budget.reset",
             Action::RetierDomain => "domain.retier",
+            Action::PutRule => "rule.put",
+            Action::RollBackRule => "rule.rollback",
+            Action::DeleteRule => "rule.delete",
         }
     }
 
@@ -138,6 +153,10 @@ pub struct Subject {
     pub node_id: Option<Uuid>,
     /// The secret's name (never its value).
     pub secret_name: Option<String>,
+    /// The rule's id.
+    pub rule_id: Option<String>,
+    /// The version of the rule the action made in its history.
+    pub rule_version: Option<i64>,
 }
 
 /// An entry to append.

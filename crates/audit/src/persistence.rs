@@ -7,17 +7,27 @@ use uuid::Uuid;
 use crate::{Action, Actor, AuditLog, AuditLogError, Entry, NewEntry, Page, Subject};
 
 const RECORD: &str = "\
-INSERT INTO plexsphere.audit_events (actor, action, domain_id, node_id, secret_name)
-VALUES ($1, $2, $3, $4, $5)";
+INSERT INTO plexsphere.audit_events (actor, action, domain_id, node_id, secret_name, rule_id, rule_version)
+VALUES ($1, $2, $3, $4, $5, $6, $7)";
 
 const READ: &str = "\
-SELECT id, at, actor, action, domain_id, node_id, secret_name
+SELECT id, at, actor, action, domain_id, node_id, secret_name, rule_id, rule_version
 FROM plexsphere.audit_events
 WHERE $1::bigint IS NULL OR id < $1
 ORDER BY id DESC
 LIMIT $2";
 
-type Row = (i64, DateTime<Utc>, String, String, Option<Uuid>, Option<Uuid>, Option<String>);
+type Row = (
+    i64,
+    DateTime<Utc>,
+    String,
+    String,
+    Option<Uuid>,
+    Option<Uuid>,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+);
 
 /// The audit log in PostgreSQL, on the request pool (synchronous commits: an entry is a
 /// record).
@@ -47,6 +57,8 @@ impl AuditLog for PgAuditLog {
             .bind(entry.subject.domain_id)
             .bind(entry.subject.node_id)
             .bind(entry.subject.secret_name.as_deref())
+            .bind(entry.subject.rule_id.as_deref())
+            .bind(entry.subject.rule_version)
             .execute(&self.pool)
             .await
             .map_err(unavailable)?;
@@ -62,13 +74,13 @@ impl AuditLog for PgAuditLog {
             .await
             .map_err(unavailable)?;
         rows.into_iter()
-            .map(|(id, at, actor, action, domain_id, node_id, secret_name)| {
+            .map(|(id, at, actor, action, domain_id, node_id, secret_name, rule_id, rule_version)| {
                 Ok(Entry {
                     id,
                     at,
                     actor: Actor::parse(&actor).map_err(unavailable)?,
                     action: Action::parse(&action).map_err(unavailable)?,
-                    subject: Subject { domain_id, node_id, secret_name },
+                    subject: Subject { domain_id, node_id, secret_name, rule_id, rule_version },
                 })
             })
             .collect()

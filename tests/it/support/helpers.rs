@@ -105,3 +105,61 @@ pub(crate) fn database_url(admin_url: &str, name: &str) -> String {
     let (base, _) = admin_url.rsplit_once('/').expect("DATABASE_URL ends in /<database>");
     format!("{base}/{name}")
 }
+
+/// The keys named more than once in one object anywhere in `json` (serde_json's `Value` keeps
+/// the last and says nothing; a strict parser refuses the document).
+pub(crate) fn duplicate_keys(json: &str) -> Vec<String> {
+    use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+    use std::cell::RefCell;
+
+    thread_local!(static FOUND: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) });
+
+    struct Strict;
+    impl<'de> Deserialize<'de> for Strict {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Strict, D::Error> {
+            deserializer.deserialize_any(StrictVisitor)
+        }
+    }
+    struct StrictVisitor;
+    impl<'de> Visitor<'de> for StrictVisitor {
+        type Value = Strict;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("JSON")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Strict, A::Error> {
+            let mut seen = std::collections::HashSet::new();
+            while let Some(key) = map.next_key::<String>()? {
+                if !seen.insert(key.clone()) {
+                    FOUND.with(|found| found.borrow_mut().push(key));
+                }
+                map.next_value::<Strict>()?;
+            }
+            Ok(Strict)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Strict, A::Error> {
+            while seq.next_element::<Strict>()?.is_some() {}
+            Ok(Strict)
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Strict, E> {
+            Ok(Strict)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Strict, E> {
+            Ok(Strict)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Strict, E> {
+            Ok(Strict)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Strict, E> {
+            Ok(Strict)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Strict, E> {
+            Ok(Strict)
+        }
+        fn visit_unit<E>(self) -> Result<Strict, E> {
+            Ok(Strict)
+        }
+    }
+    FOUND.with(|found| found.borrow_mut().clear());
+    serde_json::from_str::<Strict>(json).expect("valid JSON");
+    FOUND.with(|found| found.borrow_mut().drain(..).collect())
+}

@@ -141,6 +141,14 @@ impl Api {
         self.send(self.client.request(method, format!("{}{path}", self.base)), bearer, body).await
     }
 
+    /// A GET's body as the bytes came, for checks a parsed value cannot make (a key named
+    /// twice in one object, say).
+    pub(crate) async fn get_text(&self, path: &str, bearer: &str) -> String {
+        let response =
+            self.client.get(format!("{}{path}", self.base)).bearer_auth(bearer).send().await.unwrap();
+        response.text().await.unwrap()
+    }
+
     /// A GET that names its request id, so the test can find the request's log lines.
     pub(crate) async fn get_as_request(&self, path: &str, bearer: Option<&str>, request_id: &str) -> Answer {
         let request = self.client.get(format!("{}{path}", self.base)).header("x-request-id", request_id);

@@ -32,7 +32,7 @@ pub(super) struct DomainBody {
 /// holds what happened, not what was attempted. The action and the entry are two writes: if
 /// the entry cannot be written, the request answers 500 (the cause in the log) though the
 /// action stands, and the operator, seeing the 500, checks and retries.
-async fn record(
+pub(super) async fn record(
     state: &AppState,
     actor: audit::Actor,
     action: audit::Action,
@@ -171,28 +171,33 @@ struct LimitBody {
     outranked: Vec<RuleRank>,
 }
 
+/// The level that governs a scope, and the rule there that won (none for a knob default).
 #[derive(Serialize)]
 struct GovernedBy {
     level: &'static str,
     #[serde(flatten)]
-    rule: Option<RuleRank>,
+    rule: Option<RuleFields>,
 }
 
+/// A rule that lost to the one governing, and the level it was at.
 #[derive(Serialize)]
 struct RuleRank {
-    rule_id: String,
+    #[serde(flatten)]
+    rule: RuleFields,
     level: &'static str,
+}
+
+/// What names a rule and ranks it at its level. It carries no level of its own: flattened
+/// into [`GovernedBy`], a second `level` key made the object invalid for strict parsers.
+#[derive(Serialize)]
+struct RuleFields {
+    rule_id: String,
     priority: i32,
     version: i64,
 }
 
-fn rank(level: rules::Level, rule: &rules::Rule) -> RuleRank {
-    RuleRank {
-        rule_id: rule.id.to_string(),
-        level: level.as_str(),
-        priority: rule.spec.priority(),
-        version: rule.version.get(),
-    }
+fn rule_fields(rule: &rules::Rule) -> RuleFields {
+    RuleFields { rule_id: rule.id.to_string(), priority: rule.spec.priority(), version: rule.version.get() }
 }
 
 /// `GET /v1/domains/{domain_id}/limits`: what governs each scope for the Domain on this
@@ -228,11 +233,15 @@ pub(super) async fn domain_limits(
                 fail_mode: rule_fail_mode(enforcement.fail_mode).as_str(),
                 governed_by: match &explained.governed_by {
                     Some((level, rule)) => {
-                        GovernedBy { level: level.as_str(), rule: Some(rank(*level, rule)) }
+                        GovernedBy { level: level.as_str(), rule: Some(rule_fields(rule)) }
                     }
                     None => GovernedBy { level: "knob_default", rule: None },
                 },
-                outranked: explained.outranked.iter().map(|(level, rule)| rank(*level, rule)).collect(),
+                outranked: explained
+                    .outranked
+                    .iter()
+                    .map(|(level, rule)| RuleRank { rule: rule_fields(rule), level: level.as_str() })
+                    .collect(),
             }
         })
         .collect();
@@ -262,7 +271,7 @@ pub(super) async fn enrol_node(
     let subject = audit::Subject {
         domain_id: Some(domain_id),
         node_id: Some(enrolment.node.id.as_uuid()),
-        secret_name: None,
+        ..audit::Subject::default()
     };
     record(&state, actor, audit::Action::EnrolNode, subject).await?;
     let body = EnrolmentBody {
@@ -285,7 +294,8 @@ pub(super) async fn revoke_node(
     let node_id = parse_uuid(&node_id, "node_id")?;
     state.bounded("revoking a node", state.access.revoke_node(domain_id.into(), node_id.into())).await??;
     state.credentials.revoke(node_id.into());
-    let subject = audit::Subject { domain_id: Some(domain_id), node_id: Some(node_id), secret_name: None };
+    let subject =
+        audit::Subject { domain_id: Some(domain_id), node_id: Some(node_id), ..audit::Subject::default() };
     record(&state, actor, audit::Action::RevokeNode, subject).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -308,8 +318,8 @@ pub(super) async fn put_secret(
     }
     let subject = audit::Subject {
         domain_id: Some(domain_id),
-        node_id: None,
         secret_name: Some(name.as_str().to_owned()),
+        ..audit::Subject::default()
     };
     state.bounded("writing a secret", state.secrets.write(domain_id.into(), name, value)).await??;
     record(&state, actor, audit::Action::PutSecret, subject).await?;
@@ -382,6 +392,10 @@ pub(super) struct AuditEntryBody {
     node_id: Option<uuid::Uuid>,
     #[serde(skip_serializing_if = "Option::is_none")]
     secret_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rule_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rule_version: Option<i64>,
 }
 
 /// `GET /v1/audit?before=<id>&limit=<n>`: the audit log, newest first.
@@ -402,6 +416,8 @@ pub(super) async fn read_audit(
             domain_id: entry.subject.domain_id,
             node_id: entry.subject.node_id,
             secret_name: entry.subject.secret_name,
+            rule_id: entry.subject.rule_id,
+            rule_version: entry.subject.rule_version,
         })
         .collect();
     Ok(Json(body))

@@ -194,6 +194,24 @@ fn rule_id(raw: String) -> Result<rules::RuleId, ApiError> {
     Ok(rules::RuleId::parse(raw)?)
 }
 
+/// Records a rule change in the audit log, as every operator action that changes something:
+/// who, what, which rule and the version the change made. The rule's own history
+/// (`rule_versions`) has it too, written with the change itself.
+async fn audit_rule_change(
+    state: &AppState,
+    Operator(actor): Operator,
+    action: audit::Action,
+    id: &rules::RuleId,
+    version: rules::Version,
+) -> Result<(), ApiError> {
+    let subject = audit::Subject {
+        rule_id: Some(id.to_string()),
+        rule_version: Some(version.get()),
+        ..audit::Subject::default()
+    };
+    super::operator::record(state, actor, action, subject).await
+}
+
 /// `PUT /v1/rules/{rule_id}`: creates the rule (201), or with `If-Match: "<version>"`
 /// replaces that version of it (200).
 pub(super) async fn put_rule(
@@ -209,6 +227,7 @@ pub(super) async fn put_rule(
     let actor = operator.actor()?;
     let put = state.bounded("writing a rule", state.rules.put(&id, &spec, if_match, &actor)).await??;
     tracing::info!(rule = %id, version = %put.rule().version, actor = actor.as_str(), "operator wrote a rule");
+    audit_rule_change(&state, operator, audit::Action::PutRule, &id, put.rule().version).await?;
     Ok(written(&state, &put).await)
 }
 
@@ -304,6 +323,7 @@ pub(super) async fn rollback_rule(
     let actor = operator.actor()?;
     let put = state.bounded("rolling back a rule", state.rules.rollback(&id, to, if_match, &actor)).await??;
     tracing::info!(rule = %id, to = %to, version = %put.rule().version, actor = actor.as_str(), "operator rolled back a rule");
+    audit_rule_change(&state, operator, audit::Action::RollBackRule, &id, put.rule().version).await?;
     Ok(written(&state, &put).await)
 }
 
@@ -323,6 +343,7 @@ pub(super) async fn delete_rule(
     let actor = operator.actor()?;
     let version = state.bounded("deleting a rule", state.rules.delete(&id, if_match, &actor)).await??;
     tracing::info!(rule = %id, %version, actor = actor.as_str(), "operator deleted a rule");
+    audit_rule_change(&state, operator, audit::Action::DeleteRule, &id, version).await?;
     state.reload_rules().await;
     Ok(StatusCode::NO_CONTENT)
 }
