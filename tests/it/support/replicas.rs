@@ -41,7 +41,15 @@ pub(crate) fn config(database: &PgConnectOptions, knobs: &[(&str, &str)]) -> Con
         // the database time above, within which a take waits.
         (config::DECISION_TIMEOUT_MS, "800"),
     ];
-    let knobs = Knobs::from_pairs(base.iter().chain(knobs).copied()).unwrap();
+    // A test that shortens the database time gets a decision timeout below it (four fifths),
+    // as `serve` requires, unless it sets one itself.
+    let database_timeout = knobs.iter().find(|(knob, _)| *knob == config::DATABASE_TIMEOUT_MS);
+    let decision_set = knobs.iter().any(|(knob, _)| *knob == config::DECISION_TIMEOUT_MS);
+    let derived = database_timeout
+        .filter(|_| !decision_set)
+        .map(|(_, millis)| (millis.parse::<u64>().unwrap() * 4 / 5).min(800).to_string());
+    let derived = derived.as_deref().map(|millis| (config::DECISION_TIMEOUT_MS, millis));
+    let knobs = Knobs::from_pairs(base.iter().chain(knobs).chain(derived.as_ref()).copied()).unwrap();
     let mut config = Config::from_knobs(&knobs).unwrap();
     config.database = database.clone();
     config
