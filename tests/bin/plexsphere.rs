@@ -3,6 +3,6 @@
 //! it sets only for the package's own binaries). It is `app::cli::main`, exactly as the real one.
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
     app::cli::main().await
 }

@@ -5,20 +5,19 @@
 //! SIGKILL, libfaketime or a network namespace.
 
 use std::io::Write;
-use std::str::FromStr;
 use std::sync::Arc;
 
 use anyhow::Context as _;
 use audit::AuditLog as _;
 use clap::{Parser, Subcommand};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::PgPool;
+use sqlx::{Connection as _, PgConnection, PgPool};
 
 use crate::config::{self, Config};
 use crate::startup::{Application, Wiring};
 
 #[derive(Parser)]
-#[command(name = "plexsphere", about = "Shared rate budgets for a multi-replica API", version)]
+#[command(name = "plexsphere", about = "Shared rate budgets for a multi-replica API")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -61,9 +60,10 @@ enum SecretsCommand {
     /// Re-seal under PLEXSPHERE_SECRETS_KEY every secret sealed under an old key or stored in
     /// plain text, in batches; run it after a rotation or an upgrade.
     Rekey {
-        /// Secrets re-sealed per batch (one round trip to list, one per secret to replace).
-        #[arg(long, default_value_t = 500)]
-        batch_size: usize,
+        /// Secrets re-sealed per batch (one round trip to list, one per secret to replace), at
+        /// least 1.
+        #[arg(long, default_value_t = std::num::NonZeroUsize::new(500).expect("500 is not 0"))]
+        batch_size: std::num::NonZeroUsize,
         #[command(flatten)]
         database: Database,
         #[command(flatten)]
@@ -92,38 +92,135 @@ enum BudgetsCommand {
     },
 }
 
-/// The whole `plexsphere` binary: parses the command line and runs the command.
-///
-/// # Errors
-/// Whatever the command failed with; an unusable knob exits with status 2 instead.
-pub async fn main() -> anyhow::Result<()> {
+/// How a command failed, which decides the process's exit status (README, "Exit status").
+#[derive(Debug)]
+pub enum Failure {
+    /// The command line or a knob is unusable: nothing was done. Exit status 2.
+    Usage(String),
+    /// The command ran and failed: the database, a migration, an id nobody has. Exit status 1.
+    Failed(anyhow::Error),
+}
+
+impl Failure {
+    /// The line printed after `plexsphere: `.
+    pub fn message(&self) -> String {
+        match self {
+            Failure::Usage(message) => message.clone(),
+            Failure::Failed(error) => one_line(error),
+        }
+    }
+
+    /// The exit status.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Failure::Usage(_) => EXIT_USAGE,
+            Failure::Failed(_) => EXIT_FAILED,
+        }
+    }
+}
+
+/// The whole cause chain on one line, `what failed: why: why`, leaving out a cause whose text
+/// its error already ends with (sqlx's I/O error prints its source, then names it as its
+/// source too).
+fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if line.ends_with(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+impl From<config::ConfigError> for Failure {
+    fn from(error: config::ConfigError) -> Self {
+        Failure::Usage(format!("refusing to start: {error}"))
+    }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(error: anyhow::Error) -> Self {
+        Failure::Failed(error)
+    }
+}
+
+/// The command ran and failed.
+pub const EXIT_FAILED: u8 = 1;
+/// The command line or a knob is unusable.
+pub const EXIT_USAGE: u8 = 2;
+
+/// The whole `plexsphere` binary: parses the command line, runs the command, and on failure
+/// prints one line, `plexsphere: <what failed>: <why>`, to standard error (never a backtrace),
+/// and returns the exit status: 0, 1 ([`Failure::Failed`]), 2 ([`Failure::Usage`]), or 130
+/// from `serve` after a second signal.
+pub async fn main() -> std::process::ExitCode {
     crate::telemetry::init();
-    match Cli::parse().command {
-        Command::Serve { no_migrate, knobs } => match Config::from_knobs(&knobs) {
-            Ok(config) => serve(config, !no_migrate).await,
-            Err(error) => {
-                eprintln!("plexsphere: refusing to start: {error}");
-                std::process::exit(2);
+    let command = match parse() {
+        Ok(cli) => cli.command,
+        Err(error) => {
+            // --help and --version print and succeed; a command line without a subcommand
+            // prints the help and fails as a usage error, as clap does.
+            if error.exit_code() == 0
+                || error.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            {
+                let _ = error.print();
+                return std::process::ExitCode::from(u8::try_from(error.exit_code()).unwrap_or(EXIT_USAGE));
             }
-        },
+            let rendered = error.render().to_string();
+            return report(&Failure::Usage(rendered.trim_end().trim_start_matches("error: ").to_owned()));
+        }
+    };
+    match run(command).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(failure) => report(&failure),
+    }
+}
+
+/// The command line, with `--version` saying which build this is: the release, the commit it
+/// was built from, and the newest migration it applies (the database schema it expects).
+fn parse() -> Result<Cli, clap::Error> {
+    use clap::{CommandFactory as _, FromArgMatches as _};
+    // Built once per process; clap keeps it for the process's life.
+    let version: &'static str = Box::leak(version().into_boxed_str());
+    let matches = Cli::command().version(version).try_get_matches()?;
+    Cli::from_arg_matches(&matches)
+}
+
+/// The version line `plexsphere --version` prints, without the name.
+pub fn version() -> String {
+    let schema = crate::MIGRATOR.iter().map(|migration| migration.version).max().unwrap_or_default();
+    format!("{} (commit {}, database schema {schema})", env!("CARGO_PKG_VERSION"), env!("PLEXSPHERE_COMMIT"))
+}
+
+fn report(failure: &Failure) -> std::process::ExitCode {
+    eprintln!("plexsphere: {}", failure.message());
+    std::process::ExitCode::from(failure.exit_code())
+}
+
+async fn run(command: Command) -> Result<(), Failure> {
+    match command {
+        Command::Serve { no_migrate, knobs } => {
+            let config = Config::from_knobs(&knobs)?;
+            Ok(serve(config, !no_migrate).await?)
+        }
         Command::Migrate { allow_out_of_order, database } => {
-            migrate(database.options()?, allow_out_of_order).await
+            Ok(migrate(database.options()?, allow_out_of_order).await?)
         }
         Command::Secrets { command: SecretsCommand::Rekey { batch_size, database, keys } } => {
-            let keyring = match keys.keyring() {
-                Ok(keyring) => keyring,
-                Err(error) => {
-                    eprintln!("plexsphere: refusing to start: {error}");
-                    std::process::exit(2);
-                }
-            };
-            rekey_secrets(database.options()?, keyring, batch_size, &mut std::io::stdout()).await
+            let keyring = keys.keyring()?;
+            let database = database.options()?;
+            Ok(rekey_secrets(database, keyring, batch_size.get(), &mut std::io::stdout()).await?)
         }
         Command::Budgets { command: BudgetsCommand::Show { key, database } } => {
-            show_budgets(database.options()?, key, &mut std::io::stdout()).await
+            Ok(show_budgets(database.options()?, key, &mut std::io::stdout()).await?)
         }
         Command::Budgets { command: BudgetsCommand::Reset { scope, key, database } } => {
-            reset_budget(database.options()?, scope, key, &mut std::io::stdout()).await
+            Ok(reset_budget(database.options()?, scope, key, &mut std::io::stdout()).await?)
         }
     }
 }
@@ -179,22 +276,75 @@ pub async fn migrate(database: PgConnectOptions, allow_out_of_order: bool) -> an
     migrate_pool(&pool, allow_out_of_order).await
 }
 
+/// Whose id a bucket key is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Holder {
+    Domain,
+    Node,
+}
+
+impl Holder {
+    fn as_str(self) -> &'static str {
+        match self {
+            Holder::Domain => "Domain",
+            Holder::Node => "Node",
+        }
+    }
+}
+
+/// Whether `key` is a Domain's id, a Node's, or nobody's (a typo, or a Node or Domain since
+/// deleted): a bucket key carries no foreign key, so only access knows.
+async fn holder(pool: &PgPool, key: uuid::Uuid) -> anyhow::Result<Option<Holder>> {
+    use access::AccessRepository as _;
+    let access = access::PgAccessRepository::new(pool.clone());
+    if access.find_domain(key.into()).await.context("failed to look the id up")?.is_some() {
+        return Ok(Some(Holder::Domain));
+    }
+    let node = access.find_node(key.into()).await.context("failed to look the id up")?;
+    Ok(node.map(|_| Holder::Node))
+}
+
 /// `plexsphere budgets show <key>`: every scope's bucket of one Node or Domain, as stored.
 ///
+/// A bucket's `tokens` is what its last take left, at `refilled_at`; the level now is higher
+/// by the refill since, which the replicas compute from the budget that governs it (`GET
+/// /v1/fill/<id>` and the operator page show it). A missing bucket is full.
+///
 /// # Errors
-/// When the database does not answer.
+/// When the database does not answer, or no Node or Domain has the id and no bucket is kept
+/// under it.
 pub async fn show_budgets(
     database: PgConnectOptions,
     key: uuid::Uuid,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
     let pool = connect(database).await?;
+    let holder = holder(&pool, key).await?;
     let buckets =
         ratebudget::Store::new(pool).buckets(key.into()).await.context("failed to read the budgets")?;
+    let Some(holder) = holder else {
+        if buckets.is_empty() {
+            anyhow::bail!("no Node or Domain has the id {key}, and no bucket is kept under it");
+        }
+        writeln!(
+            out,
+            "no Node or Domain has the id {key} (any more); its buckets, until the idle sweep deletes them:"
+        )?;
+        return print_buckets(&buckets, out);
+    };
+    let who = holder.as_str();
     if buckets.is_empty() {
-        writeln!(out, "no buckets for {key}: every budget of it is full (the next take mints the bucket)")?;
+        writeln!(
+            out,
+            "{who} {key} has no bucket: every budget of it is full (its next take mints the bucket)"
+        )?;
         return Ok(());
     }
+    writeln!(out, "{who} {key}; tokens are what each bucket's last take left, at refilled_at (a missing scope is full):")?;
+    print_buckets(&buckets, out)
+}
+
+fn print_buckets(buckets: &[ratebudget::Bucket], out: &mut impl Write) -> anyhow::Result<()> {
     writeln!(out, "{:<24} {:>16}  refilled_at", "scope", "tokens")?;
     for bucket in buckets {
         writeln!(
@@ -212,7 +362,8 @@ pub async fn show_budgets(
 /// hears of it and the next take mints the bucket full.
 ///
 /// # Errors
-/// When the database does not answer.
+/// When the database does not answer, no Node or Domain has the id, or the scope is not keyed
+/// by what the id names (a Domain's id given for a Node's scope, say); nothing is reset then.
 pub async fn reset_budget(
     database: PgConnectOptions,
     scope: ratebudget::Scope,
@@ -220,15 +371,23 @@ pub async fn reset_budget(
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
     let pool = connect(database).await?;
+    let keyed_by = if scope.is_per_domain() { Holder::Domain } else { Holder::Node };
+    match holder(&pool, key).await? {
+        None => anyhow::bail!("no Node or Domain has the id {key}; nothing was reset"),
+        Some(holder) if holder != keyed_by => anyhow::bail!(
+            "{key} is a {}'s id, and {scope} is keyed by a {}'s; nothing was reset",
+            holder.as_str(),
+            keyed_by.as_str()
+        ),
+        Some(_) => {}
+    }
     let existed = ratebudget::Store::new(pool.clone())
         .reset(scope, key.into())
         .await
         .context("failed to reset the budget")?;
-    let subject = match scope {
-        ratebudget::Scope::SecretReadNode | ratebudget::Scope::IngestNode => {
-            audit::Subject { node_id: Some(key), ..audit::Subject::default() }
-        }
-        _ => audit::Subject { domain_id: Some(key), ..audit::Subject::default() },
+    let subject = match keyed_by {
+        Holder::Node => audit::Subject { node_id: Some(key), ..audit::Subject::default() },
+        Holder::Domain => audit::Subject { domain_id: Some(key), ..audit::Subject::default() },
     };
     let entry =
         audit::NewEntry { actor: audit::Actor::command_line(), action: audit::Action::ResetBudget, subject };
@@ -237,9 +396,13 @@ pub async fn reset_budget(
         .await
         .context("failed to record the reset in the audit log")?;
     if existed {
-        writeln!(out, "reset {scope} of {key}: the next take mints it full")?;
+        writeln!(out, "reset {scope} of {} {key}: its next take mints it full", keyed_by.as_str())?;
     } else {
-        writeln!(out, "{scope} of {key} had no bucket (it was full already); replicas were told anyway")?;
+        writeln!(
+            out,
+            "{scope} of {} {key} had no bucket (it was full already); replicas were told anyway",
+            keyed_by.as_str()
+        )?;
     }
     Ok(())
 }
@@ -323,29 +486,53 @@ impl secrets::Limiter for NoReads {
 /// The one knob the commands other than `serve` need.
 #[derive(clap::Args, Clone, Debug)]
 pub struct Database {
-    /// The PostgreSQL database every replica shares.
+    /// The PostgreSQL database every replica shares: postgres://user@host:port/database.
+    /// Required.
     #[arg(long = "database-url", env = config::DATABASE_URL, hide_env_values = true)]
-    url: String,
+    url: Option<String>,
 }
 
 impl Database {
     /// The connect options the URL names.
     ///
     /// # Errors
-    /// When it is not a PostgreSQL URL.
-    pub fn options(&self) -> anyhow::Result<PgConnectOptions> {
-        PgConnectOptions::from_str(&self.url)
-            .with_context(|| format!("{} is not a PostgreSQL URL", config::DATABASE_URL))
+    /// When it is missing, the test suite's default, or not a PostgreSQL URL
+    /// ([`config::database_options`]).
+    pub fn options(&self) -> Result<PgConnectOptions, config::ConfigError> {
+        config::database_options(self.url.as_deref())
     }
 }
 
+/// How long a command waits for the database to accept its first connection.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A small pool on `database`, once one connection has been made: that connection's error says
+/// what is wrong (refused, unknown host, authentication), where a pool retrying until its
+/// acquire timeout would say only that it timed out.
 async fn connect(database: PgConnectOptions) -> anyhow::Result<PgPool> {
+    let place = format!("{}:{} ({})", database.get_host(), database.get_port(), config::DATABASE_URL);
+    // Migrations create their bookkeeping table IF NOT EXISTS; PostgreSQL's notice that it
+    // exists is not worth a log line on every start.
+    let database = database.options([("client_min_messages", "warning")]);
+    match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&database)).await {
+        Err(_) => {
+            anyhow::bail!("cannot connect to the database at {place}: no answer within {CONNECT_TIMEOUT:?}")
+        }
+        Ok(Err(error)) => {
+            return Err(
+                anyhow::Error::new(error).context(format!("cannot connect to the database at {place}"))
+            )
+        }
+        Ok(Ok(connection)) => {
+            let _ = connection.close().await;
+        }
+    }
     PgPoolOptions::new()
         .max_connections(2)
         .acquire_timeout(std::time::Duration::from_secs(10))
         .connect_with(database)
         .await
-        .context("failed to connect to the database (DATABASE_URL)")
+        .with_context(|| format!("cannot connect to the database at {place}"))
 }
 
 async fn migrate_pool(pool: &PgPool, allow_out_of_order: bool) -> anyhow::Result<()> {

@@ -17,6 +17,9 @@ use sqlx::postgres::PgConnectOptions;
 
 /// `DATABASE_URL`: the PostgreSQL database every replica shares.
 pub const DATABASE_URL: &str = "DATABASE_URL";
+/// What marks the test suite's default `DATABASE_URL` (`.cargo/config.toml`): cargo hands it to
+/// `cargo run` too, and no command may connect to a database its user did not name.
+pub const TESTS_DEFAULT_DATABASE_MARK: &str = "application_name=plexsphere-tests-default";
 /// `PLEXSPHERE_LISTEN`: the address the HTTP API listens on.
 pub const LISTEN: &str = "PLEXSPHERE_LISTEN";
 /// `PLEXSPHERE_OPERATOR_TOKEN`: one operator token, named `operator`.
@@ -145,9 +148,9 @@ impl From<FailModeKnob> for ratebudget::FailMode {
 #[derive(Args, Clone)]
 #[command(next_help_heading = "Knobs (environment variables)")]
 pub struct Knobs {
-    /// The PostgreSQL database every replica shares.
+    /// The PostgreSQL database every replica shares: postgres://user@host:port/database. Required.
     #[arg(long, env = DATABASE_URL, hide_env_values = true)]
-    pub database_url: String,
+    pub database_url: Option<String>,
     /// A bearer token of the operator routes, acting as the operator named `operator`: at
     /// least 16 characters (`openssl rand -hex 32`). This or PLEXSPHERE_OPERATOR_TOKENS, or both.
     #[arg(long, env = OPERATOR_TOKEN, hide_env_values = true)]
@@ -580,12 +583,7 @@ impl Config {
     /// # Errors
     /// The first knob that is unusable, by name.
     pub fn from_knobs(knobs: &Knobs) -> Result<Config, ConfigError> {
-        let url = knobs.database_url.trim();
-        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-            return Err(ConfigError::new(DATABASE_URL, "must be a postgres:// or postgresql:// URL"));
-        }
-        let database = PgConnectOptions::from_str(url)
-            .map_err(|error| ConfigError::new(DATABASE_URL, format!("not a PostgreSQL URL: {error}")))?;
+        let database = database_options(knobs.database_url.as_deref())?;
 
         let operators = operator_credentials(knobs)?;
 
@@ -723,6 +721,34 @@ impl Config {
             otlp,
         })
     }
+}
+
+/// The database `DATABASE_URL` (or `--database-url`) names, for every command.
+///
+/// # Errors
+/// When it is missing, is the test suite's default (which cargo hands to `cargo run` as well:
+/// nobody named it), or is not a PostgreSQL URL.
+pub fn database_options(url: Option<&str>) -> Result<PgConnectOptions, ConfigError> {
+    let url = url.map(str::trim).unwrap_or_default();
+    if url.is_empty() {
+        return Err(ConfigError::new(
+            DATABASE_URL,
+            "is required: the PostgreSQL database every replica shares, as postgres://user@host:port/database \
+             (set the variable, or pass --database-url)",
+        ));
+    }
+    if url.contains(TESTS_DEFAULT_DATABASE_MARK) {
+        return Err(ConfigError::new(
+            DATABASE_URL,
+            "is not set: the value in effect is the test suite's default, which .cargo/config.toml gives every \
+             cargo command; name the database to use, e.g. DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres",
+        ));
+    }
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(ConfigError::new(DATABASE_URL, "must be a postgres:// or postgresql:// URL"));
+    }
+    PgConnectOptions::from_str(url)
+        .map_err(|error| ConfigError::new(DATABASE_URL, format!("not a PostgreSQL URL: {error}")))
 }
 
 /// The HTTP server's limits. The request deadline must exceed the database's, so a request

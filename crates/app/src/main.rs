@@ -2,6 +2,6 @@
 //! integration tests can build the same binary.
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
     app::cli::main().await
 }

@@ -123,8 +123,26 @@ fn values_that_do_not_parse_are_named_by_the_parser() {
         .unwrap()
         .to_string();
     assert!(error.contains("secret-read-domain-burst") && error.contains("lots"), "{error}");
-    let missing = Knobs::from_pairs([(SECRETS_KEY, KEY)]).err().unwrap().to_string();
-    assert!(missing.contains("database-url"), "{missing}");
+}
+
+#[test]
+fn a_missing_database_url_names_the_variable_and_the_tests_default_is_nobodys_choice() {
+    // Issue 21: clap named only --database-url; and .cargo/config.toml's default for the tests
+    // reached `cargo run` too, so serve connected to a database nobody named.
+    let knobs =
+        Knobs::from_pairs([(SECRETS_KEY, KEY), (OPERATOR_TOKEN, "operator-token-0123456789")]).unwrap();
+    let missing = Config::from_knobs(&knobs).unwrap_err();
+    assert_eq!(missing.knob, DATABASE_URL);
+    assert!(missing.to_string().contains("DATABASE_URL: is required"), "{missing}");
+    let default = "postgres://postgres@127.0.0.1:5432/postgres?application_name=plexsphere-tests-default";
+    let error = parse(&[(DATABASE_URL, default)]).unwrap_err();
+    assert_eq!(error.knob, DATABASE_URL);
+    assert!(error.to_string().contains("is not set"), "{error}");
+    // The same database named by its user is fine.
+    assert!(parse(&[(DATABASE_URL, "postgres://postgres@127.0.0.1:5432/postgres")]).is_ok());
+    // The repository's own file carries exactly that mark.
+    let cargo_config = include_str!("../../../../.cargo/config.toml");
+    assert!(cargo_config.contains(default), "{cargo_config}");
 }
 
 #[test]
