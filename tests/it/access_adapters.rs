@@ -36,7 +36,9 @@ fn service(pool: &PgPool, clock: &ManualClock, issuance: Limit) -> AccessService
 }
 
 async fn create_domain(service: &AccessService, tier: Tier) -> Domain {
-    let new = NewDomain { id: DomainId::random(), name: DomainName::parse("fleet").unwrap(), tier };
+    // Names are unique: each Domain is named after its id.
+    let id = DomainId::random();
+    let new = NewDomain { id, name: DomainName::parse(format!("fleet-{id}")).unwrap(), tier };
     service.create_domain(new).await.unwrap()
 }
 
@@ -68,7 +70,10 @@ async fn a_domain_reads_back_as_it_was_created(pool: PgPool) {
     let created = create_domain(&service, Tier::Premium).await;
 
     assert_eq!(service.find_domain(created.id).await.unwrap(), Some(created.clone()));
-    assert_eq!((created.name.as_str(), created.tier), ("fleet", Tier::Premium));
+    assert_eq!(
+        (created.name.as_str(), created.tier),
+        (format!("fleet-{}", created.id).as_str(), Tier::Premium)
+    );
 }
 
 #[sqlx::test(migrator = "app::MIGRATOR")]

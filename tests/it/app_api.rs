@@ -256,3 +256,31 @@ async fn a_500_is_one_log_line_naming_the_route_the_request_and_the_cause_chain(
     assert!(!line.contains(&token), "the token reached the log: {line}");
     replica.stop().await;
 }
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_domain_name_in_use_is_a_409_naming_the_domain_that_has_it(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Issue 21: a second Domain named "acme" was created without complaint, and a walk-through
+    // run twice could not tell its two Domains apart.
+    let replica = replica(&connect).await;
+    let first = replica.create_domain("acme", None).await;
+    let again = replica.operator(Method::POST, "/v1/domains", Some(json!({ "name": "acme" }))).await;
+    assert_eq!((again.status, again.code()), (StatusCode::CONFLICT, "domain_name_taken"), "{again:?}");
+    assert!(again.body["error"].as_str().unwrap().contains(&first), "{again:?}");
+
+    // With its own issuance policy, the override rule it would have had is not left behind.
+    let with_policy = json!({ "name": "acme", "issuance_per_second": 5, "issuance_burst": 10 });
+    let again = replica.operator(Method::POST, "/v1/domains", Some(with_policy)).await;
+    assert_eq!(again.status, StatusCode::CONFLICT, "{again:?}");
+    let rules = replica.operator(Method::GET, "/v1/rules", None).await;
+    assert_eq!(rules.body, json!([]), "{rules:?}");
+    // Another name is fine, and only the Domains created are in the audit log.
+    replica.create_domain("acme-2", None).await;
+    let audit = replica.operator(Method::GET, "/v1/audit", None).await;
+    let created =
+        audit.body.as_array().unwrap().iter().filter(|entry| entry["action"] == "domain.create").count();
+    assert_eq!(created, 2);
+    replica.stop().await;
+}

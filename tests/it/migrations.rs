@@ -143,3 +143,39 @@ async fn a_database_lacking_a_migration_below_one_it_has_is_refused_before_anyth
     assert_eq!(applied().await, app::MIGRATOR.iter().count() as i64);
     assert!(app::migrations::gaps(&app::MIGRATOR, &pool).await.unwrap().is_none());
 }
+
+#[test]
+fn domains_that_shared_a_name_keep_it_for_the_oldest_and_the_others_tell_themselves_apart() {
+    // Issue 21: names are unique from migration 20261201140000 on; Domains created before it
+    // may share one.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let (database, pool) =
+            crate::support::helpers::FreshDatabase::create_before(20_261_201_140_000).await;
+        let (oldest, later) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+        for (id, created_at) in [(later, "2026-11-02T00:00:00Z"), (oldest, "2026-11-01T00:00:00Z")] {
+            sqlx::query(
+                "INSERT INTO plexsphere.domains (id, name, created_at) VALUES ($1, 'acme', $2::timestamptz)",
+            )
+            .bind(id)
+            .bind(created_at)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        app::MIGRATOR.run(&pool).await.unwrap();
+        let name = |id: uuid::Uuid| {
+            let pool = pool.clone();
+            async move {
+                sqlx::query_scalar::<_, String>("SELECT name FROM plexsphere.domains WHERE id = $1")
+                    .bind(id)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap()
+            }
+        };
+        assert_eq!(name(oldest).await, "acme");
+        assert_eq!(name(later).await, format!("acme ({})", &later.to_string()[..8]));
+        database.drop_database(pool).await;
+    });
+}

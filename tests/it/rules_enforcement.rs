@@ -31,7 +31,8 @@ async fn put(api: &Api, id: &str, body: Value, if_match: Option<&str>) -> Answer
 
 /// A Domain with one Node and one secret; the Node's token.
 async fn reader(api: &Api) -> (String, String, String) {
-    let domain = api.create_domain("d", None).await;
+    // Domain names are unique: each reader gets a Domain of its own.
+    let domain = api.create_domain(&format!("d-{}", uuid::Uuid::new_v4().simple()), None).await;
     let (node, token) = api.enrol(&domain, "n").await;
     api.put_secret(&domain, "key", "value").await;
     (domain, node, token)

@@ -29,9 +29,31 @@ pub enum IssuanceLimitError {
 /// Why a Domain was not created.
 #[derive(Debug, thiserror::Error)]
 pub enum CreateDomainError {
+    /// Another Domain has this name; names are unique. Nothing was stored.
+    #[error("a domain named {name:?} exists already: {existing}")]
+    NameTaken {
+        /// The name asked for.
+        name: String,
+        /// The Domain that has it.
+        existing: DomainId,
+    },
     /// The access store could not answer; the Domain may or may not have been stored.
     #[error("domain could not be created")]
     Unavailable(#[source] BoxError),
+}
+
+/// Why a Domain was not stored.
+#[derive(Debug, thiserror::Error)]
+pub enum InsertDomainError {
+    /// Another Domain has the name; nothing was stored.
+    #[error("the domain name is taken by {existing}")]
+    NameTaken {
+        /// The Domain that has it.
+        existing: DomainId,
+    },
+    /// The store could not answer; the Domain may or may not have been stored.
+    #[error(transparent)]
+    Unavailable(#[from] RepositoryError),
 }
 
 /// Why a Node was not enrolled.

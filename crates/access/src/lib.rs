@@ -31,7 +31,8 @@ mod ports;
 mod service;
 
 pub use error::{
-    AuthError, BoxError, CreateDomainError, EnrolError, IssuanceLimitError, RepositoryError, RevokeError,
+    AuthError, BoxError, CreateDomainError, EnrolError, InsertDomainError, IssuanceLimitError,
+    RepositoryError, RevokeError,
 };
 pub use model::{
     is_invisible, AuthenticatedNode, Domain, DomainId, DomainName, Enrolment, InvalidInput, NewDomain, Node,

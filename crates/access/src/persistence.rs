@@ -6,8 +6,8 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::{
-    AccessRepository, AuthenticatedNode, BoxError, Domain, DomainId, DomainName, IssuanceLimitError, Limiter,
-    Node, NodeId, NodeName, RepositoryError, Tier, TierDirectory, TokenHash,
+    AccessRepository, AuthenticatedNode, BoxError, Domain, DomainId, DomainName, InsertDomainError,
+    IssuanceLimitError, Limiter, Node, NodeId, NodeName, RepositoryError, Tier, TierDirectory, TokenHash,
 };
 
 /// The PostgreSQL channel a deleted Node is announced on, with its id as the payload (`*` when
@@ -44,6 +44,19 @@ told AS (
 )
 SELECT count(*) AS told
 FROM told";
+
+/// The constraint that keeps Domain names unique.
+const DOMAIN_NAME_UNIQUE: &str = "domains_name_key";
+
+const FIND_DOMAIN_BY_NAME: &str = "\
+SELECT id
+FROM plexsphere.domains
+WHERE name = $1";
+
+/// Whether `error` is the database refusing a row by the constraint `name`.
+fn is_violation_of(error: &sqlx::Error, name: &str) -> bool {
+    error.as_database_error().and_then(|database| database.constraint()) == Some(name)
+}
 
 const FIND_DOMAIN: &str = "\
 SELECT id, name, tier
@@ -117,17 +130,32 @@ fn domain_from_row((id, name, tier): (Uuid, String, String)) -> Result<Domain, R
 #[async_trait::async_trait]
 impl AccessRepository for PgAccessRepository {
     #[tracing::instrument(level = "debug", skip_all, fields(domain = %domain.id))]
-    async fn insert_domain(&self, domain: &Domain) -> Result<(), RepositoryError> {
-        sqlx::query(INSERT_DOMAIN)
+    async fn insert_domain(&self, domain: &Domain) -> Result<(), InsertDomainError> {
+        let inserted = sqlx::query(INSERT_DOMAIN)
             .bind(domain.id.as_uuid())
             .bind(domain.name.as_str())
             .bind(domain.tier.as_str())
             .bind(Tier::DEFAULT.as_str())
             .bind(TIER_CHANNEL)
             .execute(&self.pool)
-            .await
-            .map_err(unavailable)?;
-        Ok(())
+            .await;
+        match inserted {
+            Ok(_) => Ok(()),
+            Err(error) if is_violation_of(&error, DOMAIN_NAME_UNIQUE) => {
+                // Which Domain has it, for the caller to name: read after the refusal, so a
+                // Domain renamed or deleted meanwhile makes this the store failing to answer.
+                let existing: Option<Uuid> = sqlx::query_scalar(FIND_DOMAIN_BY_NAME)
+                    .bind(domain.name.as_str())
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(unavailable)?;
+                match existing {
+                    Some(existing) => Err(InsertDomainError::NameTaken { existing: existing.into() }),
+                    None => Err(unavailable(error).into()),
+                }
+            }
+            Err(error) => Err(unavailable(error).into()),
+        }
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(domain = %id))]

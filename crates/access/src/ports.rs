@@ -1,8 +1,8 @@
 //! What the access context needs from the outside: an issuance limiter and a store.
 
 use crate::{
-    AuthenticatedNode, Domain, DomainId, IssuanceLimitError, Node, NodeId, RepositoryError, Tier,
-    TierDirectory, TokenHash,
+    AuthenticatedNode, Domain, DomainId, InsertDomainError, IssuanceLimitError, Node, NodeId,
+    RepositoryError, Tier, TierDirectory, TokenHash,
 };
 
 /// Decides whether a Domain may issue another Node credential now.
@@ -27,13 +27,15 @@ pub trait Limiter: Send + Sync {
 #[cfg_attr(test, mockall::automock)]
 #[async_trait::async_trait]
 pub trait AccessRepository: Send + Sync {
-    /// Stores a new Domain.
+    /// Stores a new Domain. Names are unique.
     ///
     /// # Errors
-    /// [`RepositoryError`] MUST be returned when the Domain could not be stored, carrying the
-    /// cause; `Ok` MUST mean it is stored. A Domain stored with a tier other than
+    /// [`InsertDomainError::NameTaken`] MUST be returned, with the Domain that has the name,
+    /// when another Domain has it, and nothing stored; [`InsertDomainError::Unavailable`] MUST
+    /// be returned when the Domain could not be stored for any other reason, carrying the
+    /// cause. `Ok` MUST mean it is stored. A Domain stored with a tier other than
     /// [`Tier::DEFAULT`] counts as a tier change, as for [`AccessRepository::set_tier`].
-    async fn insert_domain(&self, domain: &Domain) -> Result<(), RepositoryError>;
+    async fn insert_domain(&self, domain: &Domain) -> Result<(), InsertDomainError>;
 
     /// The Domain with this id, or `None` when there is none.
     ///

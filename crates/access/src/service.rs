@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use crate::{
     AccessRepository, AuthError, AuthenticatedNode, CreateDomainError, Domain, DomainId, EnrolError,
-    Enrolment, Limiter, NewDomain, Node, NodeId, NodeName, NodeToken, RepositoryError, RevokeError, Tier,
-    TierDirectory,
+    Enrolment, InsertDomainError, Limiter, NewDomain, Node, NodeId, NodeName, NodeToken, RepositoryError,
+    RevokeError, Tier, TierDirectory,
 };
 
 #[cfg(test)]
@@ -26,15 +26,21 @@ impl AccessService {
         AccessService { repository, limiter }
     }
 
-    /// Creates a Domain under the id its caller chose.
+    /// Creates a Domain under the id its caller chose. Names are unique.
     ///
     /// # Errors
+    /// [`CreateDomainError::NameTaken`] when another Domain has the name (nothing is stored);
     /// [`CreateDomainError::Unavailable`] when the store could not answer.
     #[tracing::instrument(level = "debug", skip_all, fields(domain = %new.id))]
     pub async fn create_domain(&self, new: NewDomain) -> Result<Domain, CreateDomainError> {
         let domain = Domain { id: new.id, name: new.name, tier: new.tier };
-        self.repository.insert_domain(&domain).await?;
-        Ok(domain)
+        match self.repository.insert_domain(&domain).await {
+            Ok(()) => Ok(domain),
+            Err(InsertDomainError::NameTaken { existing }) => {
+                Err(CreateDomainError::NameTaken { name: domain.name.as_str().to_owned(), existing })
+            }
+            Err(InsertDomainError::Unavailable(error)) => Err(error.into()),
+        }
     }
 
     /// Moves a Domain to `tier`, returning it as it now is; `None` when there is no such

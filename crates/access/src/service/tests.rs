@@ -221,9 +221,27 @@ async fn create_domain_stores_the_domain_under_its_id_and_returns_it() {
 }
 
 #[tokio::test]
+async fn create_domain_with_a_name_another_domain_has_names_that_domain() {
+    let existing = DomainId::random();
+    let mut repository = MockAccessRepository::new();
+    repository
+        .expect_insert_domain()
+        .times(1)
+        .returning(move |_| Err(crate::InsertDomainError::NameTaken { existing }));
+    let new =
+        NewDomain { id: DomainId::random(), name: DomainName::parse("fleet").unwrap(), tier: Tier::Free };
+    let result = service(repository, MockLimiter::new()).create_domain(new).await;
+
+    assert!(
+        matches!(&result, Err(CreateDomainError::NameTaken { name, existing: taken }) if name == "fleet" && *taken == existing),
+        "{result:?}"
+    );
+}
+
+#[tokio::test]
 async fn create_domain_against_a_store_that_cannot_answer_is_unavailable() {
     let mut repository = MockAccessRepository::new();
-    repository.expect_insert_domain().times(1).returning(|_| Err(store_down()));
+    repository.expect_insert_domain().times(1).returning(|_| Err(store_down().into()));
 
     let new =
         NewDomain { id: DomainId::random(), name: DomainName::parse("fleet").unwrap(), tier: Tier::Free };

@@ -36,6 +36,13 @@ pub enum ApiError {
         /// What was not found.
         message: String,
     },
+    /// 409: the request conflicts with what exists (a Domain name in use).
+    Conflict {
+        /// The machine-readable code.
+        code: &'static str,
+        /// What conflicts, for people.
+        message: String,
+    },
     /// 408: the body did not arrive within `PLEXSPHERE_HTTP_BODY_TIMEOUT_MS`.
     BodyTimeout {
         /// The body's deadline.
@@ -99,6 +106,7 @@ impl ApiError {
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ApiError::Conflict { .. } => StatusCode::CONFLICT,
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::PreconditionFailed { .. } => StatusCode::PRECONDITION_FAILED,
@@ -134,6 +142,7 @@ impl IntoResponse for ApiError {
             ApiError::BadRequest { code, message } => (code, message.clone()),
             ApiError::Unauthorized => ("unauthorized", "missing or invalid bearer token".to_owned()),
             ApiError::NotFound { code, message } => (code, message.clone()),
+            ApiError::Conflict { code, message } => (code, message.clone()),
             ApiError::BodyTimeout { after } => {
                 ("request_timeout", format!("the body did not arrive within {} ms", after.as_millis()))
             }
@@ -280,7 +289,13 @@ impl From<access::EnrolError> for ApiError {
 
 impl From<access::CreateDomainError> for ApiError {
     fn from(error: access::CreateDomainError) -> Self {
-        ApiError::internal(error)
+        match error {
+            access::CreateDomainError::NameTaken { name, existing } => ApiError::Conflict {
+                code: "domain_name_taken",
+                message: format!("a domain named {name:?} exists already: {existing}"),
+            },
+            unavailable @ access::CreateDomainError::Unavailable(_) => ApiError::internal(unavailable),
+        }
     }
 }
 

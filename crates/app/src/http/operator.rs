@@ -76,15 +76,33 @@ pub(super) async fn create_domain(
         .map(|limit| issuance_override(&state, id, limit.per_second(), limit.burst()))
         .transpose()?;
 
+    // The override is written first, so a Domain never exists without the policy it was
+    // created with; a name in use undoes it again (below).
+    let mut written_override = None;
     if let Some(spec) = &issuance {
         let rule_id = rules::RuleId::issuance_override(id.as_uuid());
         let actor = operator.actor()?;
-        state
+        let put = state
             .bounded("writing an issuance override", state.rules.put(&rule_id, spec, None, &actor))
             .await??;
+        written_override = Some((rule_id, put.rule().version, actor));
     }
     let new_domain = access::NewDomain { id, name: request.name, tier: request.tier };
-    let domain = state.bounded("creating a domain", state.access.create_domain(new_domain)).await??;
+    let created = state.bounded("creating a domain", state.access.create_domain(new_domain)).await?;
+    let domain = match created {
+        Ok(domain) => domain,
+        Err(refused) => {
+            if let Some((rule_id, version, actor)) = written_override {
+                // It governs an id nothing has; deleting it only keeps the rules tidy, so a
+                // failure here is logged and the request answers for the name.
+                let deleted = state.rules.delete(&rule_id, version, &actor).await;
+                if let Err(error) = deleted {
+                    tracing::warn!(rule = %rule_id, error = %super::error::cause_chain(&error), "could not delete the issuance override of a domain that was not created");
+                }
+            }
+            return Err(refused.into());
+        }
+    };
     if issuance.is_some() {
         state.reload_rules().await;
     }
