@@ -190,3 +190,34 @@ async fn status_shows_the_snapshot_version_the_leader_and_decisions_by_outcome(
     assert_eq!(status["store_failing"], json!(false));
     replica.stop().await;
 }
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn fill_counts_a_shadow_rules_refusals_apart_from_refusals(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Issue 21: the operator page's "refused" column counted reads a SHADOW rule refused, which
+    // were admitted. They are counted apart.
+    let replica = replica(&connect).await;
+    let domain = replica.create_domain("acme", None).await;
+    let (node, node_token) = replica.enrol(&domain, "node-1").await;
+    replica.put_secret(&domain, "db-password", "hunter2").await;
+    let rule = json!({
+        "scope": "secret_read_node", "selector": { "domain": domain }, "rate": 1, "burst": 3, "mode": "SHADOW"
+    });
+    assert_eq!(
+        replica.operator(Method::PUT, "/v1/rules/acme-shadow", Some(rule)).await.status,
+        StatusCode::CREATED
+    );
+    for _ in 0..5 {
+        assert_eq!(replica.get("/v1/secrets/db-password", Some(&node_token)).await.status, StatusCode::OK);
+    }
+    let fill = replica.operator(Method::GET, &format!("/v1/fill/{node}"), None).await.body;
+    let slot = &bucket(&fill, "secret_read_node")["history"][0];
+    assert_eq!(
+        (&slot["granted"], &slot["refused"], &slot["shadow_refused"]),
+        (&json!(3), &json!(0), &json!(2)),
+        "{fill}"
+    );
+    replica.stop().await;
+}

@@ -35,6 +35,29 @@ pub struct Slot {
     pub granted: u32,
     /// Refusals by this bucket in the slot (a pair refused by the other bucket is not one).
     pub refused: u32,
+    /// Refusals by this bucket under a `SHADOW` rule: counted, and admitted.
+    pub shadow_refused: u32,
+}
+
+/// What a decision did to a bucket, as its history counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decided {
+    /// Granted and debited.
+    Granted,
+    /// Refused.
+    Refused,
+    /// Refused by a `SHADOW` budget, and so admitted.
+    ShadowRefused,
+}
+
+impl Slot {
+    fn count(&mut self, decided: Decided) {
+        match decided {
+            Decided::Granted => self.granted += 1,
+            Decided::Refused => self.refused += 1,
+            Decided::ShadowRefused => self.shadow_refused += 1,
+        }
+    }
 }
 
 type Track = Arc<Mutex<VecDeque<Slot>>>;
@@ -71,8 +94,16 @@ impl FillHistory {
     }
 
     /// Records that a decision at `now` left `tokens` (of `burst`) in `scope`'s bucket of
-    /// `key`, granting or refusing.
-    pub fn record(&self, scope: Scope, key: Key, now: DateTime<Utc>, tokens: f64, burst: f64, granted: bool) {
+    /// `key`, and what it decided.
+    pub fn record(
+        &self,
+        scope: Scope,
+        key: Key,
+        now: DateTime<Utc>,
+        tokens: f64,
+        burst: f64,
+        decided: Decided,
+    ) {
         let track = self
             .buckets
             .get_or_insert_with(&(scope, key), || Ok::<_, std::convert::Infallible>(Track::default()))
@@ -84,30 +115,18 @@ impl FillHistory {
                 last.tokens = tokens;
                 last.min_tokens = last.min_tokens.min(tokens);
                 last.burst = burst;
-                if granted {
-                    last.granted += 1;
-                } else {
-                    last.refused += 1;
-                }
+                last.count(decided);
             }
             // A decision whose clock is behind the last slot's (a replica's clock is
             // corrected now and then) joins that slot's counts but does not move its level:
             // the slots stay in order.
-            Some(last) if last.at > at => {
-                if granted {
-                    last.granted += 1;
-                } else {
-                    last.refused += 1;
-                }
+            Some(last) if last.at > at => last.count(decided),
+            _ => {
+                let mut slot =
+                    Slot { at, tokens, min_tokens: tokens, burst, granted: 0, refused: 0, shadow_refused: 0 };
+                slot.count(decided);
+                slots.push_back(slot);
             }
-            _ => slots.push_back(Slot {
-                at,
-                tokens,
-                min_tokens: tokens,
-                burst,
-                granted: u32::from(granted),
-                refused: u32::from(!granted),
-            }),
         }
         expire(&mut slots, now);
     }

@@ -18,7 +18,7 @@ use smallvec::SmallVec;
 
 use crate::budgets::RuleRefs;
 use crate::clock::ClockStatus;
-use crate::fill::FillHistory;
+use crate::fill::{Decided, FillHistory};
 use crate::http::rate_limit_headers;
 use crate::metrics::{Metrics, Outcome};
 use crate::usage::{Counted, Usage};
@@ -115,14 +115,23 @@ impl DecisionObserver {
                 for (which, spend) in take.spends() {
                     if let Some(fill) = grant.remaining(which) {
                         let level = spend.limit.level(fill, now);
-                        self.fill.record(spend.scope, spend.key, now, level, spend.limit.burst(), true);
+                        self.fill.record(
+                            spend.scope,
+                            spend.key,
+                            now,
+                            level,
+                            spend.limit.burst(),
+                            Decided::Granted,
+                        );
                     }
                 }
             }
             Decision::Refused(refusal) => {
                 if let Some(spend) = take.spend(refusal.which) {
                     let level = refusal.judged.map_or(0.0, |fill| spend.limit.level(fill, now).max(0.0));
-                    self.fill.record(spend.scope, spend.key, now, level, spend.limit.burst(), false);
+                    let decided =
+                        if spend.enforcement.is_shadow() { Decided::ShadowRefused } else { Decided::Refused };
+                    self.fill.record(spend.scope, spend.key, now, level, spend.limit.burst(), decided);
                 }
             }
             Decision::InsufficientCapacity(_) => {}

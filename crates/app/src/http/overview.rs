@@ -139,6 +139,7 @@ struct SlotBody {
     min_tokens: f64,
     granted: u32,
     refused: u32,
+    shadow_refused: u32,
 }
 
 /// `GET /v1/fill/{key}`: every bucket of one Domain or Node, with its level now (everyone's
@@ -198,6 +199,7 @@ pub(super) async fn fill(
                     min_tokens: slot.min_tokens,
                     granted: slot.granted,
                     refused: slot.refused,
+                    shadow_refused: slot.shadow_refused,
                 })
                 .collect();
             BucketFill {

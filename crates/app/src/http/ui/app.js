@@ -204,6 +204,8 @@
     for (const bucket of fill.buckets) {
       const granted = bucket.history.reduce((sum, slot) => sum + slot.granted, 0);
       const refused = bucket.history.reduce((sum, slot) => sum + slot.refused, 0);
+      // A SHADOW rule's refusals were admitted: counted apart, never as refusals.
+      const shadowRefused = bucket.history.reduce((sum, slot) => sum + slot.shadow_refused, 0);
       const bar = el("span", { class: "bar" });
       const inner = el("span");
       // CSSOM, not a style attribute: the CSP allows the former only.
@@ -216,7 +218,8 @@
         el("td", { class: "num" }, formatNumber(bucket.per_second) + " / s"),
         el("td", { class: "history", "data-slots": bucket.history.length }, sparkline(bucket, fill)),
         el("td", { class: "num granted" }, granted),
-        el("td", { class: "num refused" }, refused)));
+        el("td", { class: "num refused" }, refused),
+        el("td", { class: "num shadow-refused" }, shadowRefused)));
     }
     $("buckets").tBodies[0].replaceWith(body);
   }
