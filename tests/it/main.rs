@@ -28,6 +28,7 @@ mod migrations;
 mod named_limits;
 mod otlp_export;
 mod ratebudget_store;
+mod readme;
 mod rules_api;
 mod rules_enforcement;
 mod rules_store;

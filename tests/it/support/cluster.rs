@@ -12,7 +12,29 @@ use std::time::Duration;
 
 use sqlx::postgres::PgConnectOptions;
 
-const BIN: &str = "/usr/lib/postgresql/15/bin";
+/// Where PostgreSQL's server programs are: `PLEXSPHERE_TEST_PG_BINDIR`, else what
+/// `pg_config --bindir` says. A machine without them, or a test run not as root (initdb runs as
+/// the `postgres` OS user through `runuser`), fails here in one line saying what is missing.
+fn bin() -> PathBuf {
+    let bindir = std::env::var_os("PLEXSPHERE_TEST_PG_BINDIR").map(PathBuf::from).or_else(|| {
+        let output = Command::new("pg_config").arg("--bindir").output().ok()?;
+        output.status.success().then(|| PathBuf::from(String::from_utf8_lossy(&output.stdout).trim()))
+    });
+    let Some(bindir) = bindir.filter(|bindir| bindir.join("initdb").exists()) else {
+        panic!(
+            "a private PostgreSQL cluster needs initdb and pg_ctl: set PLEXSPHERE_TEST_PG_BINDIR to their directory, \
+             or install pg_config (Debian: libpq-dev) beside the server"
+        );
+    };
+    let root = Command::new("id").arg("-u").output().is_ok_and(|output| output.stdout.starts_with(b"0\n"));
+    let runuser =
+        Command::new("runuser").arg("--version").output().is_ok_and(|output| output.status.success());
+    assert!(
+        root && runuser,
+        "a private PostgreSQL cluster runs initdb as the postgres OS user through runuser (util-linux), which needs root"
+    );
+    bindir
+}
 
 pub(crate) struct PrivateCluster {
     root: PathBuf,
@@ -33,7 +55,7 @@ impl PrivateCluster {
         run(Command::new("chown").args(["postgres:postgres"]).arg(&cluster.root));
         run(Command::new("runuser")
             .args(["-u", "postgres", "--"])
-            .arg(format!("{BIN}/initdb"))
+            .arg(bin().join("initdb"))
             .args(["--auth=trust", "--username=postgres", "--no-sync", "--encoding=UTF8", "-D"])
             .arg(cluster.data()));
         // Replicas reach it at 127.0.0.x addresses of their own (a partition drops one).
@@ -85,7 +107,7 @@ impl PrivateCluster {
                 command
             }
         };
-        command.arg(format!("{BIN}/pg_ctl")).arg("-D").arg(self.data()).args(args);
+        command.arg(bin().join("pg_ctl")).arg("-D").arg(self.data()).args(args);
         command
     }
 

@@ -14,7 +14,7 @@ use sqlx::postgres::PgConnectOptions;
 use super::replicas::{Api, OPERATOR_TOKEN, SECRETS_KEY};
 
 /// The binary tests/Cargo.toml builds from `app::cli::main`.
-const BINARY: &str = env!("CARGO_BIN_EXE_plexsphere-under-test");
+pub(crate) const BINARY: &str = env!("CARGO_BIN_EXE_plexsphere-under-test");
 
 /// libfaketime's preload library, from Debian's `faketime` package (.ci/run installs it).
 pub(crate) const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
