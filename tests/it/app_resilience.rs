@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use app::clock::TimeSource;
 use app::leader::LeaderTiming;
+use app::startup::TimeSource;
 use app::startup::Wiring;
 use ratebudget::ManualClock;
 use reqwest::{Method, StatusCode};

@@ -88,11 +88,12 @@ fn only_ratebudget_touches_the_rate_budgets_table() {
 #[test]
 fn decisions_never_read_the_database_clock() {
     // `now` is the caller's clock, a bind parameter; the statements must not call now().
-    let queries = fs::read_dir(workspace().join("crates/ratebudget/queries"))
-        .unwrap()
-        .map(|entry| entry.unwrap().path());
-    let pair_function = workspace().join("migrations/0002_create_take_rate_budget_pair.sql");
-    for path in queries.chain([pair_function]) {
+    // The statements, and every decision function's current definition.
+    let sql_files = |directory: &str| {
+        fs::read_dir(workspace().join(directory)).unwrap().map(|entry| entry.unwrap().path())
+    };
+    let queries = sql_files("crates/ratebudget/queries");
+    for path in queries.chain(sql_files("crates/ratebudget/sql/functions")) {
         let sql: String = fs::read_to_string(&path)
             .unwrap()
             .lines()

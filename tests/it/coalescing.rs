@@ -5,7 +5,7 @@ use std::time::Duration as StdDuration;
 
 use chrono::{DateTime, Duration, Utc};
 use proptest::prelude::*;
-use ratebudget::{Coalescing, Decision, Error, Key, Limit, Scope, Spend, Store, Take};
+use ratebudget::{Coalescing, Decider, Decision, Error, Key, Limit, Scope, Spend, Store, Take, Undecided};
 use sqlx::PgPool;
 
 use crate::support::helpers::{instant, key, sessions_wait_on_a_lock, FreshDatabase};
@@ -184,7 +184,7 @@ fn a_coalesced_queue_decides_exactly_as_one_take_at_a_time_in_its_order() {
                 let single = runtime.block_on(one_at_a_time.decide(*take, *now));
                 match (coalesced, single) {
                     (Ok(coalesced), Ok(single)) => prop_assert_eq!(coalesced, single, "take {}", i),
-                    (Err(Error::InvalidBudget), Err(Error::InvalidBudget)) => {}
+                    (Err(Undecided::Store(Error::InvalidBudget)), Err(Undecided::Store(Error::InvalidBudget))) => {}
                     (coalesced, single) => prop_assert!(false, "take {}: {:?} against {:?}", i, coalesced, single),
                 }
             }
@@ -298,7 +298,9 @@ async fn a_call_that_fails_fails_each_of_its_takes_and_never_refuses(pool: PgPoo
             assert!(matches!(answers[3], Ok(Decision::InsufficientCapacity(_))));
             if function == sabotaged {
                 for answer in [&answers[0], &answers[2]] {
-                    let Err(error @ Error::Database(_)) = answer else { panic!("{function}: {answer:?}") };
+                    let Err(error @ Undecided::CallFailed(_)) = answer else {
+                        panic!("{function}: {answer:?}")
+                    };
                     let chain = app::http::cause_chain(error);
                     assert!(chain.contains(&format!("plexsphere.{function}(")), "{chain}");
                 }
@@ -401,7 +403,7 @@ async fn concurrent_calls_and_pairs_from_several_replicas_never_deadlock(pool: P
                 };
                 store.decide(take, instant()).await?;
             }
-            Ok::<(), Error>(())
+            Ok::<(), Undecided>(())
         }));
     }
     for caller in callers {
@@ -450,7 +452,7 @@ async fn replicas_spending_the_same_buckets_grant_each_token_once(pool: PgPool) 
                     granted.push(bucket);
                 }
             }
-            Ok::<Vec<Key>, Error>(granted)
+            Ok::<Vec<Key>, Undecided>(granted)
         }));
     }
     let mut granted = std::collections::HashMap::<Key, usize>::new();

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use ratebudget::{Key, Limit, Scope, Spend, Store, SystemClock, Take};
+use ratebudget::{Decider, Key, Limit, Scope, Spend, Store, SystemClock, Take};
 use reqwest::StatusCode;
 use sqlx::postgres::PgPoolOptions;
 

@@ -8,8 +8,8 @@ use std::time::Duration as StdDuration;
 use chrono::{DateTime, Duration, Utc};
 use proptest::prelude::*;
 use ratebudget::{
-    Decider, Decision, Enforcement, FailMode, Guard, GuardConfig, Key, Limit, Observer, Scope, Source, Spend,
-    Store, Take, Undecided, Unobserved,
+    Decider, Decision, Enforcement, FailMode, Guard, Key, Limit, Observer, Scope, Source, Spend, Store, Take,
+    Undecided, Unobserved,
 };
 use sqlx::PgPool;
 
@@ -34,8 +34,11 @@ impl Observer for LastSource {
 }
 
 fn guard(store: &Store, observer: Arc<dyn Observer>) -> Guard {
-    let config = GuardConfig { decision_timeout: StdDuration::from_secs(5), capacity: 1000 };
-    Guard::new(Arc::new(store.clone()), config, observer)
+    Guard::builder(store.clone())
+        .decision_timeout(StdDuration::from_secs(5))
+        .capacity(1000)
+        .observer(observer)
+        .build()
 }
 
 /// What the store's own arithmetic says a bucket holds at `now`, read without writing; a
@@ -45,7 +48,7 @@ async fn shared_level(pool: &PgPool, spend: Spend, now: DateTime<Utc>) -> f64 {
         "SELECT LEAST($3::float8, tokens + GREATEST(0::float8, date_part('epoch', $5::timestamptz - refilled_at)) * $4::float8)
          FROM plexsphere.rate_budgets WHERE scope = $1 AND bucket_key = $2",
     )
-    .bind(spend.scope.as_str())
+    .bind(spend.name.as_str())
     .bind(spend.key.as_uuid())
     .bind(spend.limit.burst())
     .bind(spend.limit.per_second())
@@ -243,8 +246,11 @@ async fn each_take_fails_by_its_own_mode_and_a_pair_by_the_stricter_of_two() {
 /// A guard with a short decision timeout, for tests that make the store stall or fail, and
 /// room for `capacity` buckets.
 fn guard_with_capacity(store: &Store, observer: Arc<dyn Observer>, capacity: u64) -> Guard {
-    let config = GuardConfig { decision_timeout: StdDuration::from_millis(200), capacity };
-    Guard::new(Arc::new(store.clone()), config, observer)
+    Guard::builder(store.clone())
+        .decision_timeout(StdDuration::from_millis(200))
+        .capacity(capacity)
+        .observer(observer)
+        .build()
 }
 
 /// `spend` failing by `fail_mode` when the store cannot answer.
@@ -413,7 +419,7 @@ async fn the_fallback_keeps_its_buckets_through_whatever_the_precheck_forgets() 
     }
     for forget in [
         &(|guard: &Guard| guard.forget(Scope::SecretReadNode, bucket)) as &dyn Fn(&Guard),
-        &|guard: &Guard| guard.forget_scope(Scope::SecretReadNode),
+        &|guard: &Guard| guard.forget_every_bucket_of(Scope::SecretReadNode),
         &|guard: &Guard| guard.forget_all(),
     ] {
         forget(&guard);

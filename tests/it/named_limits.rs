@@ -8,7 +8,7 @@ use std::time::Duration as StdDuration;
 use chrono::Duration;
 use governor::clock::FakeRelativeClock;
 use proptest::prelude::*;
-use ratebudget::{Decision, Limit, LimiterName, NamedKey, NamedSpend, Store, Take};
+use ratebudget::{Decider, Decision, Limit, LimiterName, NamedKey, NamedSpend, Store, Take};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use tokio::sync::Barrier;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
 use proptest::prelude::*;
-use ratebudget::{Budget, Decision, Error, Key, Limit, Scope, Spend, Store, Take, Which};
+use ratebudget::{Budget, Decider, Decision, Error, Key, Limit, Scope, Spend, Store, Take, Undecided, Which};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use tokio::sync::Barrier;
@@ -47,12 +47,18 @@ async fn take_pair(
     second: Spend,
     now: DateTime<Utc>,
 ) -> Result<PairDecision, Error> {
-    Ok(match store.decide(Take::Pair(first, second), now).await? {
-        Decision::Granted(_) => PairDecision::Granted,
-        Decision::Refused(refusal) if refusal.which == Which::First => PairDecision::FirstRefused,
-        Decision::Refused(_) => PairDecision::SecondRefused,
-        Decision::InsufficientCapacity(never) => PairDecision::Never(never.which),
-    })
+    // The reference's error, as Store::take answers it.
+    Ok(
+        match store.decide(Take::Pair(first, second), now).await.map_err(|undecided| match undecided {
+            Undecided::Store(error) => error,
+            other => panic!("{other:?}"),
+        })? {
+            Decision::Granted(_) => PairDecision::Granted,
+            Decision::Refused(refusal) if refusal.which == Which::First => PairDecision::FirstRefused,
+            Decision::Refused(_) => PairDecision::SecondRefused,
+            Decision::InsufficientCapacity(never) => PairDecision::Never(never.which),
+        },
+    )
 }
 
 async fn two_pools(connect: &PgConnectOptions) -> (PgPool, PgPool) {
@@ -224,7 +230,7 @@ async fn delete_idle_counts_across_its_batches(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "app::MIGRATOR")]
-async fn the_table_rejects_an_unknown_scope_and_negative_tokens(pool: PgPool) {
+async fn the_table_rejects_a_malformed_name_and_negative_tokens(pool: PgPool) {
     let insert = |scope: &'static str, tokens: f64| {
         sqlx::query("INSERT INTO plexsphere.rate_budgets (scope, bucket_key, tokens, refilled_at) VALUES ($1, $2, $3, now())")
             .bind(scope)
@@ -233,7 +239,9 @@ async fn the_table_rejects_an_unknown_scope_and_negative_tokens(pool: PgPool) {
             .execute(&pool)
     };
     for (scope, tokens, constraint) in [
-        ("secret_read_cluster", 1.0, "rate_budgets_scope_check"),
+        // Budgets are named by their owners; a name is 1 to 63 of a-z 0-9 _ (issue 22).
+        ("Secret Read", 1.0, "rate_budgets_name_check"),
+        ("", 1.0, "rate_budgets_name_check"),
         ("ingest_node", -0.5, "rate_budgets_tokens_check"),
     ] {
         let error = insert(scope, tokens).await.unwrap_err();
@@ -242,6 +250,7 @@ async fn the_table_rejects_an_unknown_scope_and_negative_tokens(pool: PgPool) {
         assert_eq!(database_error.constraint(), Some(constraint));
     }
     insert("ingest_node", 0.0).await.unwrap();
+    insert("uploads_per_api_key", 1.0).await.unwrap();
 }
 
 #[tokio::test]
@@ -332,7 +341,7 @@ async fn buckets_reads_every_scope_of_one_key(pool: PgPool) {
     store.take(Scope::IngestDomain, domain, 100.0, budget(1.0, 400.0), now).await.unwrap();
     store.take(Scope::IngestDomain, key(), 100.0, budget(1.0, 400.0), now).await.unwrap();
     let buckets = store.buckets(domain).await.unwrap();
-    let seen: Vec<_> = buckets.iter().map(|b| (b.scope, b.tokens, b.refilled_at)).collect();
+    let seen: Vec<_> = buckets.iter().map(|b| (b.name.scope().unwrap(), b.tokens, b.refilled_at)).collect();
     assert_eq!(seen, vec![(Scope::IngestDomain, 300.0, now), (Scope::SecretReadDomain, 3.0, now)]);
 }
 
@@ -435,7 +444,7 @@ async fn concurrent_pairs_from_many_nodes_never_overspend_their_domain(
             let (first, second) = if i % 4 < 2 { (n, d) } else { (d, n) };
             tokio::spawn(async move {
                 barrier.wait().await;
-                (first.scope, take_pair(&store, first, second, now).await.unwrap())
+                (first.name.scope().unwrap(), take_pair(&store, first, second, now).await.unwrap())
             })
         })
         .collect();

@@ -13,8 +13,8 @@ use axum::http::{HeaderMap, HeaderName, Request, StatusCode};
 use axum::routing::any;
 use axum::Router;
 use ratebudget::{
-    Clock, Enforcement, FailMode, FixedBudgets, Guard, GuardConfig, Limit, LimiterName, ManualClock, Policy,
-    Scope, Spender, Store, Unobserved,
+    Clock, Enforcement, FailMode, FixedBudgets, Guard, Limit, LimiterName, ManualClock, Policy, Scope,
+    Spender, Store,
 };
 use ratebudget_tower::{
     cost_fn, key_fn, BodyLength, BudgetLayer, EachRequest, HeaderKey, NamedBudget, PeerAddress, RequestKey,
@@ -36,8 +36,10 @@ struct Fixture {
 
 impl Fixture {
     fn new(pool: &PgPool) -> Fixture {
-        let config = GuardConfig { decision_timeout: Duration::from_secs(10), capacity: 1_000 };
-        let guard = Guard::new(Arc::new(Store::new(pool.clone())), config, Arc::new(Unobserved));
+        let guard = Guard::builder(Store::new(pool.clone()))
+            .decision_timeout(Duration::from_secs(10))
+            .capacity(1_000)
+            .build();
         Fixture {
             guard: Arc::new(guard),
             clock: Arc::new(ManualClock::new(instant())),
@@ -293,7 +295,7 @@ async fn a_scope_budget_spends_a_domains_bucket_sized_by_its_policy(pool: PgPool
     // The Domain's own row in the shared table, as the binary's issuance would spend it.
     let buckets = Store::new(pool.clone()).buckets(domain.into()).await.unwrap();
     assert_eq!(buckets.len(), 1);
-    assert_eq!((buckets[0].scope, buckets[0].tokens), (Scope::AccessIssuanceDomain, 0.0));
+    assert_eq!((buckets[0].name.scope(), buckets[0].tokens), (Some(Scope::AccessIssuanceDomain), 0.0));
 
     let not_an_id = send(&app, request("acme")).await;
     assert_eq!((not_an_id.status, not_an_id.code().as_str()), (StatusCode::BAD_REQUEST, "invalid_key"));
@@ -306,8 +308,12 @@ async fn a_store_that_cannot_answer_is_a_500_failing_closed_and_the_fail_mode_de
 ) {
     let fixture = Fixture::new(&pool);
     // The limiters' store is unreachable; the fixture's pool only keeps the test's database.
-    let config = GuardConfig { decision_timeout: Duration::from_secs(10), capacity: 1_000 };
-    let guard = Arc::new(Guard::new(Arc::new(Store::new(unreachable_pool())), config, Arc::new(Unobserved)));
+    let guard = Arc::new(
+        Guard::builder(Store::new(unreachable_pool()))
+            .decision_timeout(Duration::from_secs(10))
+            .capacity(1_000)
+            .build(),
+    );
     let budget = |fail_mode: FailMode, burst: f64| {
         let limiter = LimiterName::new("tower_test").unwrap();
         let clock: Arc<dyn Clock> = fixture.clock.clone();
@@ -430,4 +436,60 @@ async fn a_grpc_request_is_refused_with_a_grpc_status(pool: PgPool) {
     assert_eq!(refused.header("retry-after"), Some("10"));
     assert_eq!(refused.body, "");
     assert_eq!(fixture.calls(), 1);
+}
+
+#[sqlx::test(migrator = "ratebudget::MIGRATOR")]
+async fn token_buckets_under_a_name_of_their_own_price_a_body_per_key_with_only_ratebudgets_tables(
+    pool: PgPool,
+) {
+    // Issue 22: a user of the crates alone puts token buckets under a name of their own, keyed
+    // by any string, in front of a route; the database holds only ratebudget's migrations.
+    let fixture = Fixture::new(&pool);
+    let clock: Arc<dyn Clock> = fixture.clock.clone();
+    let uploads = ratebudget::TokenBuckets::new(
+        ratebudget::Name::new("uploads").unwrap(),
+        Limit::new(10.0, 25.0).unwrap(),
+        fixture.guard.clone(),
+        clock,
+    );
+    let app = fixture.service(false).layer(BudgetLayer::new(
+        ratebudget_tower::BucketBudget::new(uploads),
+        HeaderKey::new(API_KEY),
+        ratebudget_tower::BodyLength,
+    ));
+    let upload = |key: &str, bytes: usize| {
+        Request::post("/upload")
+            .header(API_KEY, key)
+            .header("content-length", bytes.to_string())
+            .body(Body::from(vec![b'x'; bytes]))
+            .unwrap()
+    };
+    // 25 bytes back to back for alice: 10, then 10, then 10 is refused; bob has his own 25.
+    for (key, bytes, status) in [
+        ("alice", 10, StatusCode::OK),
+        ("alice", 10, StatusCode::OK),
+        ("alice", 10, StatusCode::TOO_MANY_REQUESTS),
+        ("bob", 25, StatusCode::OK),
+        ("bob", 26, StatusCode::PAYLOAD_TOO_LARGE),
+    ] {
+        let answer = send(&app, upload(key, bytes)).await;
+        assert_eq!(answer.status, status, "{key} {bytes}: {answer:?}");
+    }
+    assert_eq!(fixture.calls(), 3);
+    // The buckets are rows under the name, keyed by the hash of each key, never the key.
+    let rows: Vec<(String, uuid::Uuid, f64)> =
+        sqlx::query_as("SELECT scope, bucket_key, tokens FROM plexsphere.rate_budgets ORDER BY tokens")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let name = ratebudget::Name::new("uploads").unwrap();
+    let hashed = |key: &str| ratebudget::Key::hashed(name, key.as_bytes()).as_uuid();
+    assert_eq!(
+        rows,
+        [("uploads".to_owned(), hashed("bob"), 0.0), ("uploads".to_owned(), hashed("alice"), 5.0)]
+    );
+    // Nothing of the binary's is there.
+    let contexts: Option<String> =
+        sqlx::query_scalar("SELECT to_regclass('plexsphere.domains')::text").fetch_one(&pool).await.unwrap();
+    assert_eq!(contexts, None);
 }

@@ -4,7 +4,7 @@
 //! test binaries one after another, so while this one runs no other test writes WAL.
 
 use chrono::{TimeZone, Utc};
-use ratebudget::{Budget, Key, Limit, LimiterName, NamedKey, NamedSpend, Scope, Store, Take};
+use ratebudget::{Budget, Decider, Key, Limit, LimiterName, NamedKey, NamedSpend, Scope, Store, Take};
 use sqlx::PgPool;
 
 /// The reference's statement without the snapshot guard: a plain upsert whose conflict arm

@@ -412,7 +412,7 @@ fn forget(guard: &Guard, governed: impl IntoIterator<Item = (Scope, Selector)>) 
         }
     }
     for scope in scopes {
-        guard.forget_scope(scope);
+        guard.forget_every_bucket_of(scope);
     }
 }
 

@@ -247,7 +247,7 @@ pub async fn serve(config: Config, migrate_first: bool) -> anyhow::Result<()> {
     let pool = connect(config.database.clone()).await?;
     if migrate_first {
         migrate_pool(&pool, false).await?;
-    } else if let Some(out_of_order) = crate::migrations::gaps(&crate::MIGRATOR, &pool).await? {
+    } else if let Some(out_of_order) = crate::migrations::gaps(&pool).await? {
         return Err(out_of_order.into());
     }
     pool.close().await;
@@ -350,7 +350,7 @@ fn print_buckets(buckets: &[ratebudget::Bucket], out: &mut impl Write) -> anyhow
         writeln!(
             out,
             "{:<24} {:>16.3}  {}",
-            bucket.scope.as_str(),
+            bucket.name.as_str(),
             bucket.tokens,
             bucket.refilled_at.to_rfc3339()
         )?;
@@ -536,7 +536,7 @@ async fn connect(database: PgConnectOptions) -> anyhow::Result<PgPool> {
 }
 
 async fn migrate_pool(pool: &PgPool, allow_out_of_order: bool) -> anyhow::Result<()> {
-    crate::migrations::apply(&crate::MIGRATOR, pool, allow_out_of_order).await?;
+    crate::migrations::apply(pool, allow_out_of_order).await?;
     tracing::info!("migrations applied");
     Ok(())
 }

@@ -4,7 +4,6 @@
 
 pub mod budgets;
 pub mod cli;
-pub mod clock;
 pub mod config;
 pub mod fill;
 pub mod http;
@@ -20,10 +19,18 @@ pub mod sweep;
 pub mod telemetry;
 pub mod usage;
 
+use std::sync::LazyLock;
+
 use sqlx::migrate::Migrator;
 
-/// Every migration of the database, embedded at build time from the top-level `migrations/`.
+/// Every migration of the database: `ratebudget`'s own ([`ratebudget::MIGRATOR`]) and the
+/// contexts' (the top-level `migrations/`, [`migrations::OWN`]), in version order, which is
+/// the order they were always applied in on a fresh database.
 ///
 /// One set for the whole database, applied by `plexsphere migrate` (and `serve`, first) and
 /// by every test that needs a fresh database.
-pub static MIGRATOR: Migrator = sqlx::migrate!("../../migrations");
+pub static MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
+    let mut migrations: Vec<_> = ratebudget::MIGRATOR.iter().chain(migrations::OWN.iter()).cloned().collect();
+    migrations.sort_by_key(|migration| migration.version);
+    Migrator { migrations: migrations.into(), ..Migrator::DEFAULT }
+});

@@ -1,7 +1,7 @@
 //! What the composition root puts around every rate-budget decision, without the contexts
-//! knowing: a gate that does not decide at all while this replica's clock cannot be trusted
-//! (`crate::clock`; such a take is an error, HTTP 500, never a refusal), and the guard's
-//! observer, which counts decisions by scope and outcome (and by rule, for the usage rows),
+//! knowing: the guard's observer, which counts decisions by scope and outcome (and by rule,
+//! for the usage rows; a take the guard declined because this replica's clock cannot be
+//! trusted, `ratebudget::discipline`, counts as an error, HTTP 500, never a refusal),
 //! logs what shadow rules would have refused, records the `RateLimit` fields of the
 //! response, and keeps each bucket's recent levels for the operator page ([`crate::fill`]).
 //!
@@ -13,45 +13,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use ratebudget::{Decider, Decision, Enforcement, Observer, RuleRef, Scope, Source, Take, Undecided, Which};
+use ratebudget::{Decision, Enforcement, Observer, RuleRef, Scope, Source, Take, Undecided, Which};
 use smallvec::SmallVec;
 
 use crate::budgets::RuleRefs;
-use crate::clock::ClockStatus;
 use crate::fill::{Decided, FillHistory};
 use crate::http::rate_limit_headers;
 use crate::metrics::{Metrics, Outcome};
 use crate::usage::{Counted, Usage};
-
-/// Decides through `inner` only while the clock decisions are made on can be trusted.
-///
-/// It sits in front of the guard, so that an untrusted clock neither reaches the store nor
-/// lets a `local` scope decide from its fallback: no decision at all is the only safe one.
-#[derive(Debug)]
-pub struct ClockGate {
-    inner: Arc<dyn Decider>,
-    clock: ClockStatus,
-    metrics: Metrics,
-}
-
-impl ClockGate {
-    /// A gate in front of `inner`, asking `clock` before every take and counting what it
-    /// stops as `outcome="error"`.
-    pub fn new(inner: Arc<dyn Decider>, clock: ClockStatus, metrics: Metrics) -> ClockGate {
-        ClockGate { inner, clock, metrics }
-    }
-}
-
-#[async_trait::async_trait]
-impl Decider for ClockGate {
-    async fn decide(&self, take: Take, now: DateTime<Utc>) -> Result<Decision, Undecided> {
-        if let Err(untrusted) = self.clock.check() {
-            count_undecided(&self.metrics, &take);
-            return Err(Undecided::Declined(Box::new(untrusted)));
-        }
-        self.inner.decide(take, now).await
-    }
-}
 
 /// The budgets a take spends, as the observer counts them: the position, the scope, and its
 /// enforcement. A named take counts under the scope it stands for, when it stands for one.
@@ -60,7 +29,12 @@ fn budgets(take: &Take) -> SmallVec<[(Which, Scope, Enforcement); 2]> {
         Take::Named(spend) => {
             spend.limiter.scope().map(|scope| (Which::First, scope, spend.enforcement)).into_iter().collect()
         }
-        _ => take.spends().map(|(which, spend)| (which, spend.scope, spend.enforcement)).collect(),
+        // This project's takes are of its scopes' budgets; a budget of another name is not one
+        // of its five, and not counted as one.
+        _ => take
+            .spends()
+            .filter_map(|(which, spend)| Some((which, spend.name.scope()?, spend.enforcement)))
+            .collect(),
     }
 }
 
@@ -113,25 +87,20 @@ impl DecisionObserver {
         match decision {
             Decision::Granted(grant) => {
                 for (which, spend) in take.spends() {
-                    if let Some(fill) = grant.remaining(which) {
+                    if let (Some(fill), Some(scope)) = (grant.remaining(which), spend.name.scope()) {
                         let level = spend.limit.level(fill, now);
-                        self.fill.record(
-                            spend.scope,
-                            spend.key,
-                            now,
-                            level,
-                            spend.limit.burst(),
-                            Decided::Granted,
-                        );
+                        self.fill.record(scope, spend.key, now, level, spend.limit.burst(), Decided::Granted);
                     }
                 }
             }
             Decision::Refused(refusal) => {
-                if let Some(spend) = take.spend(refusal.which) {
+                if let Some((spend, scope)) =
+                    take.spend(refusal.which).and_then(|spend| Some((spend, spend.name.scope()?)))
+                {
                     let level = refusal.judged.map_or(0.0, |fill| spend.limit.level(fill, now).max(0.0));
                     let decided =
                         if spend.enforcement.is_shadow() { Decided::ShadowRefused } else { Decided::Refused };
-                    self.fill.record(spend.scope, spend.key, now, level, spend.limit.burst(), decided);
+                    self.fill.record(scope, spend.key, now, level, spend.limit.burst(), decided);
                 }
             }
             Decision::InsufficientCapacity(_) => {}

@@ -7,11 +7,18 @@
 //! run before one it was written after. From 20261201120000 on, every migration's version is a
 //! timestamp (as `sqlx migrate add` makes them), greater than every version before it, and a
 //! database that lacks a migration below one it has is refused before anything is applied,
-//! unless the operator says, having checked, that the gap may be filled out of order.
+//! unless the operator says, having checked, that the gap may be filled out of order. Since
+//! `ratebudget` ships its own migrations, the order that matters is each owner's own: the
+//! crate's and the contexts' never depend on each other.
 
 use std::fmt;
 
 use sqlx::PgPool;
+
+/// The contexts' migrations, the top-level `migrations/`: access, secrets, ingest, audit and
+/// rules. [`crate::MIGRATOR`] applies them with `ratebudget`'s.
+pub static OWN: sqlx::migrate::Migrator =
+    sqlx::migrate::Migrator { ignore_missing: true, ..sqlx::migrate!("../../migrations") };
 
 /// A migration this build has that the database lacks, below one the database has applied.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,7 +29,7 @@ pub struct Gap {
     pub description: String,
 }
 
-/// The database lacks migrations below the highest one it has applied.
+/// The database lacks migrations below the highest one of their owner it has applied.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutOfOrder {
     /// What it lacks, in version order.
@@ -62,14 +69,13 @@ pub enum MigrateError {
     Read(#[source] sqlx::Error),
 }
 
-/// The gap, if any, between `migrator`'s migrations and the versions `pool` has applied.
+/// The gaps, if any: for each owner of migrations (`ratebudget`'s and the contexts'), what it
+/// has that the database lacks below the highest of its own the database has applied. Two
+/// owners' migrations never depend on each other, so only each one's own order matters.
 ///
 /// # Errors
 /// [`MigrateError::Read`] when the applied versions cannot be read.
-pub async fn gaps(
-    migrator: &sqlx::migrate::Migrator,
-    pool: &PgPool,
-) -> Result<Option<OutOfOrder>, MigrateError> {
+pub async fn gaps(pool: &PgPool) -> Result<Option<OutOfOrder>, MigrateError> {
     // A database never migrated has no table: nothing applied, nothing out of order.
     let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
         .fetch_all(pool)
@@ -79,31 +85,42 @@ pub async fn gaps(
             _ => Err(error),
         })
         .map_err(MigrateError::Read)?;
-    let Some(highest_applied) = applied.iter().copied().max() else { return Ok(None) };
-    let missing: Vec<Gap> = migrator
-        .iter()
-        .filter(|migration| migration.version < highest_applied && !applied.contains(&migration.version))
-        .map(|migration| Gap { version: migration.version, description: migration.description.to_string() })
-        .collect();
-    Ok((!missing.is_empty()).then_some(OutOfOrder { missing, highest_applied }))
+    let mut found: Option<OutOfOrder> = None;
+    for owner in [&ratebudget::MIGRATOR, &OWN] {
+        let Some(highest_applied) =
+            owner.iter().map(|migration| migration.version).filter(|version| applied.contains(version)).max()
+        else {
+            continue;
+        };
+        let missing = owner
+            .iter()
+            .filter(|migration| migration.version < highest_applied && !applied.contains(&migration.version))
+            .map(|migration| Gap {
+                version: migration.version,
+                description: migration.description.to_string(),
+            });
+        let gap = found.get_or_insert(OutOfOrder { missing: Vec::new(), highest_applied });
+        gap.missing.extend(missing);
+        gap.highest_applied = gap.highest_applied.max(highest_applied);
+    }
+    Ok(found.filter(|gap| !gap.missing.is_empty()).map(|mut gap| {
+        gap.missing.sort_by_key(|missing| missing.version);
+        gap
+    }))
 }
 
-/// Applies `migrator`'s pending migrations to `pool`, refusing a database that lacks one below
-/// one it has applied unless `allow_out_of_order`.
+/// Applies every pending migration ([`crate::MIGRATOR`]) to `pool`, refusing a database with a
+/// gap ([`gaps`]) unless `allow_out_of_order`.
 ///
 /// # Errors
 /// [`MigrateError::OutOfOrder`] for such a database (nothing is applied); otherwise what
 /// reading or applying failed with.
-pub async fn apply(
-    migrator: &sqlx::migrate::Migrator,
-    pool: &PgPool,
-    allow_out_of_order: bool,
-) -> Result<(), MigrateError> {
-    if let Some(out_of_order) = gaps(migrator, pool).await? {
+pub async fn apply(pool: &PgPool, allow_out_of_order: bool) -> Result<(), MigrateError> {
+    if let Some(out_of_order) = gaps(pool).await? {
         if !allow_out_of_order {
             return Err(out_of_order.into());
         }
         tracing::warn!(%out_of_order, "applying migrations out of order, as told");
     }
-    migrator.run(pool).await.map_err(MigrateError::Database)
+    crate::MIGRATOR.run(pool).await.map_err(MigrateError::Database)
 }

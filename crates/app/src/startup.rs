@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use ratebudget::{Clock, Decider, Guard, GuardConfig, Spender, Store};
+use ratebudget::{Clock, Decider, Guard, Spender, Store};
 use rules::{PgRulesRepository, RulesService};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
@@ -13,16 +13,16 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::budgets::{self, RuleBudgets, RuleRefs, Sources};
-use crate::clock::{self, ClockStatus, TimeSource};
 use crate::config::Config;
 use crate::fill::FillHistory;
 use crate::http::{self, AppState, CredentialCache, OperatorTokens};
 use crate::leader::{self, LeaderTiming, Leadership};
-use crate::limits::{ClockGate, DecisionObserver};
+use crate::limits::DecisionObserver;
 use crate::metrics::Metrics;
 use crate::otlp::OtlpExport;
 use crate::usage::{self, Usage};
 use crate::{revocations, sweep};
+use ratebudget::discipline::{self, ClockStatus};
 
 /// How many Node credentials a replica keeps authenticated at once.
 const CREDENTIAL_CACHE_CAPACITY: usize = 100_000;
@@ -31,6 +31,15 @@ const CREDENTIAL_CACHE_CAPACITY: usize = 100_000;
 /// sweep one while it runs, and the clock check, the rules' poll and reloads and the usage
 /// flush take one briefly.
 const BACKGROUND_CONNECTIONS: u32 = 5;
+
+/// Where a replica's decisions get their time from.
+#[derive(Clone, Debug)]
+pub enum TimeSource {
+    /// The database's clock, measured and anchored (production; [`ratebudget::discipline`]).
+    Database,
+    /// A clock a test drives; it is neither measured nor gated.
+    Given(Arc<dyn Clock>),
+}
 
 /// What a test may vary that an operator never sets.
 #[derive(Clone, Debug)]
@@ -90,15 +99,6 @@ impl Application {
         let rule_refs = RuleRefs::default();
         let usage = Arc::new(Usage::default());
         let fill = FillHistory::new();
-        let guard = Arc::new(Guard::new(
-            Arc::new(store.clone()),
-            GuardConfig {
-                decision_timeout: config.decision_timeout,
-                capacity: GuardConfig::DEFAULT_CAPACITY,
-            },
-            Arc::new(DecisionObserver::new(metrics.clone(), usage.clone(), rule_refs.clone(), fill.clone())),
-        ));
-        let rule_budgets = Arc::new(RuleBudgets::new(&config, guard.clone(), rule_refs.clone()));
         // Background work gets a pool of its own so it never takes a request's connection:
         // the sweep, the reset listener and the rule listener (each holds one), and the clock
         // discipline, the rules' poll and reloads, and the usage flush, which are short.
@@ -120,22 +120,36 @@ impl Application {
                 task: tokio::spawn(shutdown.clone().cancelled_owned()),
             },
             TimeSource::Database => {
-                let (clock, status) = clock::disciplined(config.max_clock_skew);
+                let (clock, status) = discipline::disciplined(config.max_clock_skew);
                 // On the background pool: one short statement every few seconds, never
                 // behind a request.
-                let task = tokio::spawn(clock::run(
+                let offsets = metrics.clone();
+                let task = tokio::spawn(discipline::run(
                     clock.clone(),
                     background_pool.clone(),
-                    metrics.clone(),
-                    shutdown.clone(),
+                    move |offset| offsets.set_clock_offset(offset),
+                    shutdown.clone().cancelled_owned(),
                 ));
                 Time { clock: Arc::new(clock), status, task }
             }
         };
-        // Takes decide through the clock gate, then the guard, then the store, each sized by
-        // the rules (or the knobs) at the moment it is made.
-        let decider: Arc<dyn Decider> =
-            Arc::new(ClockGate::new(guard.clone(), time.status.clone(), metrics.clone()));
+        let guard = Arc::new(
+            Guard::builder(store.clone())
+                .decision_timeout(config.decision_timeout)
+                .trusted_only(time.status.clone())
+                .observer(Arc::new(DecisionObserver::new(
+                    metrics.clone(),
+                    usage.clone(),
+                    rule_refs.clone(),
+                    fill.clone(),
+                )))
+                .build(),
+        );
+        let rule_budgets = Arc::new(RuleBudgets::new(&config, guard.clone(), rule_refs.clone()));
+        // Takes decide through the guard (which decides nothing while the clock cannot be
+        // trusted), then the store, each sized by the rules (or the knobs) at the moment it is
+        // made.
+        let decider: Arc<dyn Decider> = guard.clone();
         let credentials = CredentialCache::new(CREDENTIAL_CACHE_CAPACITY);
         let secret_cache = secrets::SecretCache::new(config.secret_cache_capacity);
         let spender = Spender::new(decider.clone(), time.clock.clone(), rule_budgets.clone());

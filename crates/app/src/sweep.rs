@@ -12,7 +12,7 @@
 //! Clocks: `refilled_at` was written by whichever replica took last, on its clock, and the next
 //! take will be judged on another replica's. Every replica's clock is within
 //! `PLEXSPHERE_MAX_CLOCK_SKEW_MS` of the database's (it does not decide otherwise,
-//! `crate::clock`), so two of them are within twice that of each other: the sweep deletes only
+//! `ratebudget::discipline`), so two of them are within twice that of each other: the sweep deletes only
 //! buckets idle for the retention plus twice the bound on its own clock, and does not sweep at
 //! all while its clock is untrusted. A deleted bucket is therefore full on every replica's
 //! clock, whatever the skew within the bound.
@@ -23,9 +23,9 @@ use std::time::Duration;
 use ratebudget::{Clock, Store};
 use tokio_util::sync::CancellationToken;
 
-use crate::clock::{ClockStatus, UntrustedClock};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
+use ratebudget::{ClockStatus, UntrustedClock};
 
 /// The loop's name, as it appears in logs.
 pub const LOOP_NAME: &str = "rate-budget-sweep";
@@ -169,7 +169,7 @@ pub async fn run(
         while status.check().is_err() {
             tokio::select! {
                 () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(crate::clock::RETRY_INTERVAL) => {}
+                () = tokio::time::sleep(ratebudget::discipline::RETRY_INTERVAL) => {}
             }
         }
         tick((&store, &rules), (clock.as_ref(), &status), &leadership, &metrics, &shutdown).await;

@@ -1,9 +1,10 @@
 //! A small axum service behind two budgets kept in PostgreSQL, shared by every copy of it that
-//! runs against the same database:
+//! runs against the same database, and needing nothing of the `plexsphere` binary: only
+//! `ratebudget`'s own migrations are applied.
 //!
-//! - `POST /upload` costs its body's length, per API key (`x-api-key`): a megabyte a second,
-//!   four at once;
-//! - `GET /hello` costs one, per client address: five a second, ten at once.
+//! - `POST /upload` costs its body's length, per API key (`x-api-key`), from token buckets
+//!   under the name `example_uploads`: a megabyte a second, four at once;
+//! - `GET /hello` costs one, per client address, from a GCRA limiter: five a second, ten at once.
 //!
 //! ```sh
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres \
@@ -17,46 +18,45 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::HeaderName;
 use axum::routing::{get, post};
 use axum::Router;
-use ratebudget::{Clock, Guard, GuardConfig, Limit, LimiterName, Store, SystemClock, Unobserved};
-use ratebudget_tower::{BodyLength, BudgetLayer, EachRequest, HeaderKey, NamedBudget, PeerAddress};
-
-/// The workspace's migrations: the named limiters' table is one of them.
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
+use ratebudget::{DatabaseClock, Guard, Limit, Name, Store, TokenBuckets};
+use ratebudget_tower::{
+    BodyLength, BucketBudget, BudgetLayer, EachRequest, HeaderKey, NamedBudget, PeerAddress,
+};
 
 const API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let pool = sqlx::PgPool::connect(&std::env::var("DATABASE_URL")?).await?;
-    MIGRATOR.run(&pool).await?;
+    // The crate's tables and functions only.
+    ratebudget::MIGRATOR.run(&pool).await?;
+    // Every copy decides on the database's clock, and nothing while that cannot be trusted.
+    let (clock, status) = DatabaseClock::spawn(pool.clone(), Duration::from_secs(1));
+    let clock = Arc::new(clock);
     // One guard per process: its pre-check refuses a spent key without a statement, and its
     // circuit and fail modes decide while the database cannot answer.
-    let config = GuardConfig {
-        decision_timeout: GuardConfig::DEFAULT_DECISION_TIMEOUT,
-        capacity: GuardConfig::DEFAULT_CAPACITY,
-    };
-    let guard = Arc::new(Guard::new(Arc::new(Store::new(pool)), config, Arc::new(Unobserved)));
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let guard = Arc::new(Guard::builder(Store::new(pool)).trusted_only(status).build());
 
-    let uploads = NamedBudget::new(
-        LimiterName::new("example_uploads")?,
+    let uploads = TokenBuckets::new(
+        Name::new("example_uploads")?,
         Limit::new(1_000_000.0, 4_000_000.0)?,
         guard.clone(),
         clock.clone(),
     );
-    let greetings =
-        NamedBudget::new(LimiterName::new("example_greetings")?, Limit::new(5.0, 10.0)?, guard, clock);
+    let greetings = NamedBudget::new(Name::new("example_greetings")?, Limit::new(5.0, 10.0)?, guard, clock);
 
     let app = Router::new()
         .route(
             "/upload",
-            post(|body: Bytes| async move { format!("stored {} bytes\n", body.len()) })
-                .route_layer(BudgetLayer::new(uploads, HeaderKey::new(API_KEY), BodyLength)),
+            post(|body: Bytes| async move { format!("stored {} bytes\n", body.len()) }).route_layer(
+                BudgetLayer::new(BucketBudget::new(uploads), HeaderKey::new(API_KEY), BodyLength),
+            ),
         )
         .route(
             "/hello",

@@ -14,7 +14,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ratebudget::{
     Clock, Decider, Decision, Enforcement, Guard, InsufficientCapacity, Key, Limit, LimiterName, NamedKey,
-    NamedSpend, Scope, SingleBudget, Spender, Take, Undecided,
+    NamedSpend, Scope, SingleBudget, Spender, Take, TokenBuckets, Undecided,
 };
 
 use crate::Reading;
@@ -176,6 +176,42 @@ impl RequestBudget for NamedBudget {
         let refusal = self.guard.known_refusal(spend, now)?;
         let fields = Reading::binding(&Take::Named(spend), &Decision::Refused(refusal), now);
         Some(Refused { retry_after: refusal.retry_after, fields })
+    }
+}
+
+/// Token buckets under a name of their own (a [`TokenBuckets`]): keys of any bytes, each its
+/// own bucket of one limit, costs fractional (a request's body length, say).
+#[derive(Clone, Debug)]
+pub struct BucketBudget {
+    buckets: TokenBuckets,
+}
+
+impl BucketBudget {
+    /// Requests spend from `buckets`.
+    pub fn new(buckets: TokenBuckets) -> BucketBudget {
+        BucketBudget { buckets }
+    }
+}
+
+#[async_trait]
+impl RequestBudget for BucketBudget {
+    async fn spend(&self, key: &RequestKey, cost: u64) -> Result<Answer, SpendError> {
+        // Exact: costs of requests and bytes stay far below 2^53.
+        let spend = self.buckets.spend(key.as_bytes(), cost as f64);
+        let take = Take::Single(spend);
+        let now = self.buckets.now();
+        let decision = self.buckets.take_at(key.as_bytes(), cost as f64, now).await?;
+        if spend.enforcement.is_shadow() && !decision.is_granted() {
+            // Decided and spent as if enforced (the observer saw the refusal); admitted.
+            return Ok(Answer::Admitted(None));
+        }
+        Ok(answer(&take, &decision, now))
+    }
+
+    /// Always `None`: the guard pre-checks token buckets inside every take instead, which
+    /// refuses a spent bucket without a statement all the same.
+    fn known_refusal(&self, _: &RequestKey, _: u64) -> Option<Refused> {
+        None
     }
 }
 

@@ -52,7 +52,7 @@ impl Reading {
         }
         let reading = |which: Which, fill: Option<Fill>| {
             let spend = take.spend(which).filter(|spend| !spend.enforcement.is_shadow())?;
-            Some(read(spend.scope.as_str(), spend.limit, fill, now))
+            Some(read(spend.name.as_str(), spend.limit, fill, now))
         };
         match decision {
             Decision::Granted(grant) => [Which::First, Which::Second]

@@ -28,7 +28,9 @@ mod fields;
 mod layer;
 mod response;
 
-pub use budget::{Answer, NamedBudget, Refused, RequestBudget, RequestKey, ScopeBudget, SpendError};
+pub use budget::{
+    Answer, BucketBudget, NamedBudget, Refused, RequestBudget, RequestKey, ScopeBudget, SpendError,
+};
 pub use extract::{
     cost_fn, key_fn, BodyLength, CostExtractor, CostFn, EachRequest, HeaderKey, KeyExtractor, KeyFn,
     PeerAddress,

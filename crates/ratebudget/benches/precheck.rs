@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeZone, Utc};
 use ratebudget::{
-    Decider, Decision, Guard, GuardConfig, Key, Limit, Observer, Scope, Source, Spend, Store, Take, Undecided,
+    Decider, Decision, Guard, Key, Limit, Observer, Scope, Source, Spend, Store, Take, Undecided,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, Executor};
@@ -148,8 +148,11 @@ async fn prepare(options: &PgConnectOptions) -> (Guard, Arc<Sources>, Vec<Key>) 
     MIGRATOR.run(&pool).await.unwrap();
 
     let sources = Arc::new(Sources::default());
-    let config = GuardConfig { decision_timeout: Duration::from_secs(5), capacity: 2 * KEYS as u64 };
-    let guard = Guard::new(Arc::new(Store::new(pool.clone())), config, sources.clone());
+    let guard = Guard::builder(Store::new(pool.clone()))
+        .decision_timeout(Duration::from_secs(5))
+        .capacity(2 * KEYS as u64)
+        .observer(sources.clone())
+        .build();
     let limit = Limit::new(10.0, 20.0).unwrap();
     let now = Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap();
     let keys: Vec<Key> = (0..KEYS).map(|_| Key::from(uuid::Uuid::new_v4())).collect();

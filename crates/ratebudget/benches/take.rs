@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, TimeZone, Utc};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use ratebudget::{Budget, Coalescing, Key, Limit, Scope, Spend, Store, Take};
+use ratebudget::{Budget, Coalescing, Decider, Key, Limit, Scope, Spend, Store, Take};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 /// What every caller does in a loop.

@@ -1,6 +1,6 @@
 -- DecideRateBudgetBatch: decide a queue of takes in order, in one round trip.
 --
--- The work is in plexsphere.decide_rate_budget_batch (migrations/0009, locking in the
+-- The work is in plexsphere.decide_rate_budget_batch (sql/functions/; migrations/0009, locking in the
 -- database's own order since 0011), whose header says how it stays identical to taking them
 -- one at a time. Parameters are arrays: $1 the distinct buckets' scopes and $2 their keys, in
 -- any order; then per take $3 its first bucket's position, $4 cost, $5 rate, $6 burst, $7 its

@@ -2,7 +2,7 @@
 -- each of a bucket with a key no other take in the call has (callers spread over many
 -- buckets), decided in one round trip.
 --
--- The work is in plexsphere.decide_rate_budget_batch_of_distinct_buckets (migrations/0014),
+-- The work is in plexsphere.decide_rate_budget_batch_of_distinct_buckets (sql/functions/),
 -- which decides as decide_batch.sql would (a take refused under the row lock, after a
 -- concurrent take won the race, is answered without a level, as take.sql answers it; the
 -- function's header says why). No key may repeat. Parameters, per take: $1 scope, $2 key,

@@ -1,7 +1,7 @@
 -- DecideRateBudgetBatchOfOneBucket: a coalesced call whose takes are all single takes of one
 -- bucket (one hot bucket's callers), decided in order in one round trip.
 --
--- The work is in plexsphere.decide_rate_budget_batch_of_one_bucket (migrations/0014), which
+-- The work is in plexsphere.decide_rate_budget_batch_of_one_bucket (sql/functions/), which
 -- decides exactly as decide_batch.sql would. Parameters: $1 the bucket's scope, $2 its key;
 -- then per take $3 cost, $4 rate, $5 burst, $6 the caller's instant. One row per take, in
 -- decide_batch.sql's columns.

@@ -1,6 +1,6 @@
 -- DecideRateBudgetPair: debit two buckets all-or-nothing in one round trip.
 --
--- The work is in plexsphere.decide_rate_budget_pair (migrations/0006), which guards, locks in
+-- The work is in plexsphere.decide_rate_budget_pair (sql/functions/), which guards, locks in
 -- (scope, bucket_key) order, judges both on their latest versions and debits both or
 -- neither. It answers one row: refused (0 granted, 1 first refused, 2 second refused) and
 -- each side's (tokens, refilled_at) as debited or as judged.

@@ -24,7 +24,8 @@ use sqlx::PgConnection;
 use tokio::sync::oneshot;
 
 use crate::connections::TakeConnections;
-use crate::{Decision, Error, Fill, Grant, Key, Refusal, Scope, Spend, Which};
+use crate::error::Failure;
+use crate::{Decision, Fill, Grant, Key, Name, Refusal, Spend, Which};
 
 const TAKE: &str = include_str!("../queries/take.sql");
 const DECIDE_PAIR: &str = include_str!("../queries/decide_pair.sql");
@@ -72,7 +73,7 @@ impl Coalescing {
 struct Queued {
     statement: Statement,
     now: DateTime<Utc>,
-    answer: oneshot::Sender<Result<Decision, Error>>,
+    answer: oneshot::Sender<Result<Decision, Failure>>,
 }
 
 struct State {
@@ -84,7 +85,7 @@ struct State {
     /// each paying a commit under the lock, and they are worth more together (BENCHMARKS.md
     /// section 6: one hot bucket at 16 callers, 11,995 takes a second before this rule,
     /// 20,717 with it).
-    in_flight: HashSet<(Scope, Key)>,
+    in_flight: HashSet<(Name, Key)>,
 }
 
 impl State {
@@ -97,7 +98,7 @@ impl State {
     fn next_batch(&mut self, max_batch: usize) -> Vec<Queued> {
         let mut batch = Vec::with_capacity(self.queue.len().min(max_batch));
         let mut held_back: Vec<Queued> = Vec::new();
-        let mut blocked: HashSet<(Scope, Key)> = HashSet::new();
+        let mut blocked: HashSet<(Name, Key)> = HashSet::new();
         while batch.len() < max_batch {
             let Some(queued) = self.queue.pop_front() else { break };
             if queued.answer.is_closed() {
@@ -123,8 +124,8 @@ impl State {
 }
 
 /// The buckets a take debits.
-fn buckets(statement: Statement) -> [Option<(Scope, Key)>; 2] {
-    sides(statement).map(|side| side.map(|spend| (spend.scope, spend.key)))
+fn buckets(statement: Statement) -> [Option<(Name, Key)>; 2] {
+    sides(statement).map(|side| side.map(|spend| (spend.name, spend.key)))
 }
 
 /// The queue and its drivers.
@@ -157,7 +158,7 @@ impl Coalescer {
         self: &Arc<Self>,
         statement: Statement,
         now: DateTime<Utc>,
-    ) -> Result<Decision, Error> {
+    ) -> Result<Decision, Failure> {
         let (answer, answered) = oneshot::channel();
         let start_driver = {
             let mut state = self.lock();
@@ -182,7 +183,7 @@ impl Coalescer {
             tokio::spawn(self.clone().drive());
         }
         // A driver answers every take it pops, or its task panicked or the runtime is ending.
-        answered.await.unwrap_or(Err(Error::Database(sqlx::Error::PoolClosed)))
+        answered.await.unwrap_or(Err(Failure::Unanswered))
     }
 
     /// Sends the queue, call after call, until nothing in it can go. The check for "nothing"
@@ -218,10 +219,16 @@ impl Coalescer {
                         let _ = queued.answer.send(Ok(decision));
                     }
                 }
-                Err(error) => {
-                    let shared = Arc::new(error);
+                // A take sent alone failed by its own statement.
+                Err(failure) if batch.len() == 1 => {
+                    if let Some(queued) = batch.into_iter().next() {
+                        let _ = queued.answer.send(Err(failure));
+                    }
+                }
+                Err(failure) => {
+                    let shared = failure.shared();
                     for queued in batch {
-                        let _ = queued.answer.send(Err(batch_failed(&shared)));
+                        let _ = queued.answer.send(Err(shared.one()));
                     }
                 }
             }
@@ -246,7 +253,7 @@ impl Coalescer {
 /// it, so no take waits on a call that will never return.
 struct OnTheWire<'a> {
     coalescer: &'a Arc<Coalescer>,
-    buckets: Vec<(Scope, Key)>,
+    buckets: Vec<(Name, Key)>,
 }
 
 impl Drop for OnTheWire<'_> {
@@ -270,25 +277,36 @@ impl Drop for OnTheWire<'_> {
     }
 }
 
-/// Every take of a failed call fails with the call's error, never a refusal. `sqlx::Error` is
-/// not `Clone`, so each gets it as the source of an error of its own.
-pub(crate) fn batch_failed(error: &Arc<sqlx::Error>) -> Error {
-    Error::Database(sqlx::Error::Io(std::io::Error::other(BatchFailed(error.clone()))))
+/// A call's failure, for each of its takes: every take of a failed call fails with the call's
+/// cause, never a refusal. `sqlx::Error` is not `Clone`, so the takes share it.
+pub(crate) enum SharedFailure {
+    Call(Arc<sqlx::Error>),
+    Malformed(String),
+    Unanswered,
 }
 
-/// The call a take was decided in failed.
-#[derive(Debug)]
-struct BatchFailed(Arc<sqlx::Error>);
-
-impl std::fmt::Display for BatchFailed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "the coalesced take this take was in failed: {}", self.0)
+impl Failure {
+    /// This failure, for every take of its call.
+    pub(crate) fn shared(self) -> SharedFailure {
+        match self {
+            Failure::Database(error) => SharedFailure::Call(Arc::new(error)),
+            Failure::Call(error) => SharedFailure::Call(error),
+            Failure::Malformed(what) => SharedFailure::Malformed(what),
+            // Never: bad input is refused before a call is made.
+            Failure::Input(error) => SharedFailure::Malformed(error.to_string()),
+            Failure::Unanswered => SharedFailure::Unanswered,
+        }
     }
 }
 
-impl std::error::Error for BatchFailed {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(self.0.as_ref())
+impl SharedFailure {
+    /// One take's failure.
+    pub(crate) fn one(&self) -> Failure {
+        match self {
+            SharedFailure::Call(error) => Failure::Call(error.clone()),
+            SharedFailure::Malformed(what) => Failure::Malformed(what.clone()),
+            SharedFailure::Unanswered => Failure::Unanswered,
+        }
     }
 }
 
@@ -297,7 +315,7 @@ impl std::error::Error for BatchFailed {
 pub(crate) async fn run(
     takes: &Arc<TakeConnections>,
     statements: &[(Statement, DateTime<Utc>)],
-) -> Result<Vec<Decision>, sqlx::Error> {
+) -> Result<Vec<Decision>, Failure> {
     let mut lease = takes.lease().await?;
     let decisions = match statements {
         [] => Vec::new(),
@@ -313,11 +331,11 @@ async fn run_one(
     connection: &mut PgConnection,
     statement: Statement,
     now: DateTime<Utc>,
-) -> Result<Decision, sqlx::Error> {
+) -> Result<Decision, Failure> {
     match statement {
         Statement::Single { spend, which } => {
             let row: Option<(bool, f64, DateTime<Utc>)> = sqlx::query_as(TAKE)
-                .bind(spend.scope.as_str())
+                .bind(spend.name.as_str())
                 .bind(spend.key.as_uuid())
                 .bind(spend.cost)
                 .bind(spend.limit.per_second())
@@ -335,12 +353,12 @@ async fn run_one(
         }
         Statement::Pair { first, second } => {
             let row: Row = sqlx::query_as(DECIDE_PAIR)
-                .bind(first.scope.as_str())
+                .bind(first.name.as_str())
                 .bind(first.key.as_uuid())
                 .bind(first.cost)
                 .bind(first.limit.per_second())
                 .bind(first.limit.burst())
-                .bind(second.scope.as_str())
+                .bind(second.name.as_str())
                 .bind(second.key.as_uuid())
                 .bind(second.cost)
                 .bind(second.limit.per_second())
@@ -358,13 +376,13 @@ async fn run_one(
 async fn run_many(
     connection: &mut PgConnection,
     statements: &[(Statement, DateTime<Utc>)],
-) -> Result<Vec<Decision>, sqlx::Error> {
+) -> Result<Vec<Decision>, Failure> {
     // The distinct buckets. The functions lock them in PostgreSQL's (scope, bucket_key) order,
     // the pair's; this map only numbers them (Scope's own order is not the text order).
-    let mut buckets: BTreeMap<(Scope, Key), i32> = BTreeMap::new();
+    let mut buckets: BTreeMap<(Name, Key), i32> = BTreeMap::new();
     for (statement, _) in statements {
         for spend in sides(*statement).into_iter().flatten() {
-            buckets.insert((spend.scope, spend.key), 0);
+            buckets.insert((spend.name, spend.key), 0);
         }
     }
     let n = statements.len();
@@ -385,11 +403,11 @@ async fn run_many(
         {
             let query = if buckets.len() == 1 {
                 sqlx::query_as::<_, BatchRow>(DECIDE_BATCH_OF_ONE_BUCKET)
-                    .bind(spends[0].scope.as_str())
+                    .bind(spends[0].name.as_str())
                     .bind(spends[0].key.as_uuid())
             } else {
                 sqlx::query_as::<_, BatchRow>(DECIDE_BATCH_OF_DISTINCT_BUCKETS)
-                    .bind(spends.iter().map(|spend| spend.scope.as_str()).collect::<Vec<_>>())
+                    .bind(spends.iter().map(|spend| spend.name.as_str()).collect::<Vec<_>>())
                     .bind(spends.iter().map(|spend| spend.key.as_uuid()).collect::<Vec<_>>())
             };
             query
@@ -404,10 +422,10 @@ async fn run_many(
     };
     let rows: Vec<(i32, Row)> = rows.into_iter().map(|row| (row.take, row.row)).collect();
     if rows.len() != n || rows.iter().enumerate().any(|(i, (take, _))| *take != i as i32 + 1) {
-        return Err(sqlx::Error::Decode(
-            format!("a coalesced take function answered {} rows for {n} takes, out of order", rows.len())
-                .into(),
-        ));
+        return Err(Failure::Malformed(format!(
+            "a coalesced take function answered {} rows for {n} takes, out of order",
+            rows.len()
+        )));
     }
     rows.into_iter()
         .zip(statements)
@@ -428,7 +446,7 @@ async fn run_many(
 async fn run_general(
     connection: &mut PgConnection,
     statements: &[(Statement, DateTime<Utc>)],
-    buckets: &mut BTreeMap<(Scope, Key), i32>,
+    buckets: &mut BTreeMap<(Name, Key), i32>,
     nows: &[DateTime<Utc>],
 ) -> Result<Vec<BatchRow>, sqlx::Error> {
     for (position, index) in buckets.values_mut().enumerate() {
@@ -436,7 +454,7 @@ async fn run_general(
     }
     let scopes: Vec<&str> = buckets.keys().map(|(scope, _)| scope.as_str()).collect();
     let keys: Vec<uuid::Uuid> = buckets.keys().map(|(_, key)| key.as_uuid()).collect();
-    let index = |spend: &Spend| buckets[&(spend.scope, spend.key)];
+    let index = |spend: &Spend| buckets[&(spend.name, spend.key)];
 
     let n = statements.len();
     let (mut first_bucket, mut first_cost, mut first_rate, mut first_burst) =
@@ -517,7 +535,7 @@ impl Row {
         first: Option<Spend>,
         second: Option<Spend>,
         now: DateTime<Utc>,
-    ) -> Result<Decision, sqlx::Error> {
+    ) -> Result<Decision, Failure> {
         let fill = |tokens: Option<f64>, refilled_at: Option<DateTime<Utc>>| {
             Some(Fill { tokens: tokens?, refilled_at: refilled_at? })
         };
@@ -527,9 +545,9 @@ impl Row {
             (0, _, _) => Ok(Decision::Granted(Grant { first: first_fill, second: second_fill, named: None })),
             (1, Some(first), _) => Ok(refused(first, Which::First, first_fill, now)),
             (2, _, Some(second)) => Ok(refused(second, Which::Second, second_fill, now)),
-            (other, _, _) => Err(sqlx::Error::Decode(
-                format!("a take function answered refused = {other}; this build knows 0, 1 and 2").into(),
-            )),
+            (other, _, _) => Err(Failure::Malformed(format!(
+                "a take function answered refused = {other}; this build knows 0, 1 and 2"
+            ))),
         }
     }
 }
@@ -552,6 +570,7 @@ pub(crate) fn refused(spend: Spend, which: Which, judged: Option<Fill>, now: Dat
 mod tests {
     use super::*;
     use crate::Limit;
+    use crate::Scope;
 
     fn spend(scope: Scope, key: u128) -> Spend {
         Spend::new(scope, Key::from(uuid::Uuid::from_u128(key)), 1.0, Limit::new(1.0, 10.0).unwrap())
@@ -570,7 +589,7 @@ mod tests {
     fn state(
         statements: &[Statement],
         in_flight: &[Statement],
-    ) -> (State, Vec<oneshot::Receiver<Result<Decision, Error>>>) {
+    ) -> (State, Vec<oneshot::Receiver<Result<Decision, Failure>>>) {
         let mut receivers = Vec::new();
         let queue = statements
             .iter()
@@ -584,7 +603,7 @@ mod tests {
         (State { queue, drivers: 1, in_flight }, receivers)
     }
 
-    fn keys(queued: &[Queued]) -> Vec<[Option<(Scope, Key)>; 2]> {
+    fn keys(queued: &[Queued]) -> Vec<[Option<(Name, Key)>; 2]> {
         queued.iter().map(|queued| buckets(queued.statement)).collect()
     }
 
@@ -624,7 +643,7 @@ mod tests {
         assert_eq!(state.queue.len(), 2);
     }
 
-    fn keys_of(statements: &[Statement]) -> Vec<[Option<(Scope, Key)>; 2]> {
+    fn keys_of(statements: &[Statement]) -> Vec<[Option<(Name, Key)>; 2]> {
         statements.iter().map(|statement| buckets(*statement)).collect()
     }
 }

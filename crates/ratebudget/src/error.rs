@@ -1,5 +1,7 @@
 //! The errors a take or a sweep can return.
 
+use std::sync::Arc;
+
 /// Why a call could not be answered.
 ///
 /// Every variant but [`Error::Database`] is returned before any query, so bad input never
@@ -29,6 +31,58 @@ impl From<sqlx::Error> for Error {
     }
 }
 
+/// Why the store gave a take no decision, inside the crate. Callers see [`Undecided`], and the
+/// reference's API ([`Store::take`](crate::Store::take)) sees [`Error`].
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// Bad input, refused before any query.
+    Input(Error),
+    /// The take's own statement failed.
+    Database(sqlx::Error),
+    /// The coalesced call the take was in failed; every take of the call shares the cause.
+    Call(Arc<sqlx::Error>),
+    /// A decision function answered what this build cannot read.
+    Malformed(String),
+    /// The task deciding the take ended before it answered (the runtime shutting down).
+    Unanswered,
+}
+
+impl From<Error> for Failure {
+    fn from(error: Error) -> Self {
+        Failure::Input(error)
+    }
+}
+
+impl From<sqlx::Error> for Failure {
+    fn from(error: sqlx::Error) -> Self {
+        Failure::Database(error)
+    }
+}
+
+impl From<Failure> for Undecided {
+    fn from(failure: Failure) -> Self {
+        match failure {
+            Failure::Input(error) => Undecided::Store(error),
+            Failure::Database(error) => Undecided::Store(Error::Database(error)),
+            Failure::Call(error) => Undecided::CallFailed(error),
+            Failure::Malformed(what) => Undecided::Malformed(what),
+            Failure::Unanswered => Undecided::Unanswered,
+        }
+    }
+}
+
+impl From<Failure> for Error {
+    /// The reference's five-variant error has one for a store that could not answer, holding a
+    /// `sqlx::Error`: a failure that is not one is carried as the source of an I/O error there.
+    fn from(failure: Failure) -> Self {
+        match failure {
+            Failure::Input(error) => error,
+            Failure::Database(error) => Error::Database(error),
+            other => Error::Database(sqlx::Error::Io(std::io::Error::other(Undecided::from(other)))),
+        }
+    }
+}
+
 /// Why a take was not decided: the store failed or was not asked. Never a refusal.
 ///
 /// [`Error`] is the store's own answer (bad input, or the database); the rest come from the
@@ -38,6 +92,17 @@ pub enum Undecided {
     /// The store answered with an error: bad input, or the database could not answer.
     #[error(transparent)]
     Store(#[from] Error),
+    /// The coalesced call the take was decided in failed: the call's cause, which every take
+    /// of the call shares.
+    #[error("the coalesced call this take was in failed")]
+    CallFailed(#[source] Arc<sqlx::Error>),
+    /// A decision function answered what this build cannot read (a newer replica's migration,
+    /// say).
+    #[error("the rate-budget store answered what this build cannot read: {0}")]
+    Malformed(String),
+    /// The task deciding the take ended before it answered (the runtime shutting down).
+    #[error("the take was never answered: the task deciding it ended")]
+    Unanswered,
     /// The store did not answer within the decision timeout.
     #[error("the rate-budget store did not answer within {0:?}")]
     TimedOut(std::time::Duration),

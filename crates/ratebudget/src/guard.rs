@@ -85,26 +85,94 @@ use chrono::{DateTime, Utc};
 
 use crate::named::{self, Gcra};
 use crate::{
-    Decider, Decision, FailMode, Fill, Grant, Key, LimiterName, NamedKey, NamedSpend, Refusal, Scope, Spend,
-    Take, Undecided, Which,
+    Decider, Decision, FailMode, Fill, Grant, Key, Name, NamedKey, NamedSpend, Refusal, Spend, Take,
+    Undecided, Which,
 };
 
-/// What a [`Guard`] is told at build time.
+/// What a [`Guard`] is told at build time ([`GuardBuilder`]).
 #[derive(Clone, Debug)]
-pub struct GuardConfig {
+struct GuardConfig {
     /// The longest a take waits for the store before it counts as not answered.
-    pub decision_timeout: Duration,
+    decision_timeout: Duration,
     /// The most buckets the pre-check remembers (the least recently useful are forgotten
     /// first, which is always safe: a forgotten bucket is simply asked about), and the most
     /// the fallback remembers that have not refilled to full.
-    pub capacity: u64,
+    capacity: u64,
+    /// The clock takes are decided at, when it must be trusted for any take to be decided.
+    clock: Option<crate::ClockStatus>,
 }
 
-impl GuardConfig {
+/// Builds a [`Guard`]: [`Guard::builder`], then what differs from the defaults.
+pub struct GuardBuilder {
+    inner: Arc<dyn Decider>,
+    config: GuardConfig,
+    observer: Arc<dyn Observer>,
+}
+
+impl GuardBuilder {
+    /// A builder for a guard in front of a decider already shared.
+    pub fn shared(inner: Arc<dyn Decider>) -> GuardBuilder {
+        GuardBuilder {
+            inner,
+            config: GuardConfig {
+                decision_timeout: GuardBuilder::DEFAULT_DECISION_TIMEOUT,
+                capacity: GuardBuilder::DEFAULT_CAPACITY,
+                clock: None,
+            },
+            observer: Arc::new(Unobserved),
+        }
+    }
+
     /// The reference's decision timeout: 250 ms.
     pub const DEFAULT_DECISION_TIMEOUT: Duration = Duration::from_millis(250);
     /// A hundred thousand buckets, a few tens of megabytes at most.
     pub const DEFAULT_CAPACITY: u64 = 100_000;
+
+    /// The longest a take waits for the store before it counts as not answered and its fail
+    /// mode decides ([`GuardBuilder::DEFAULT_DECISION_TIMEOUT`] unless told). Keep it below the
+    /// deadline a caller gives a whole request, or the caller gives up first and the fail mode
+    /// never decides.
+    pub fn decision_timeout(mut self, timeout: Duration) -> GuardBuilder {
+        self.config.decision_timeout = timeout;
+        self
+    }
+
+    /// The most buckets the pre-check remembers, and the most buckets not yet full the
+    /// fallback remembers ([`GuardBuilder::DEFAULT_CAPACITY`] unless told).
+    pub fn capacity(mut self, buckets: u64) -> GuardBuilder {
+        self.config.capacity = buckets;
+        self
+    }
+
+    /// Decides nothing while `clock` cannot be trusted (a [`DatabaseClock`](crate::DatabaseClock)'s
+    /// status, whose `now` takes are decided at): every take is then
+    /// [`Undecided::Declined`], and its observer hears so. Nothing at all is the only safe
+    /// decision then: neither the store nor a fallback may decide on a wrong instant.
+    pub fn trusted_only(mut self, clock: crate::ClockStatus) -> GuardBuilder {
+        self.config.clock = Some(clock);
+        self
+    }
+
+    /// Told about every decision ([`Unobserved`] unless told): for metrics and headers.
+    pub fn observer(mut self, observer: Arc<dyn Observer>) -> GuardBuilder {
+        self.observer = observer;
+        self
+    }
+
+    /// The guard.
+    pub fn build(self) -> Guard {
+        let known = quick_cache::sync::Cache::new(self.config.capacity as usize);
+        let fallback = Fallback::new(self.config.capacity);
+        Guard {
+            inner: self.inner,
+            config: self.config,
+            observer: self.observer,
+            known,
+            fallback,
+            circuit: Mutex::new(Circuit::Closed { failures: 0 }),
+            warned: Mutex::new(HashMap::new()),
+        }
+    }
 }
 
 /// Where a decision came from.
@@ -155,25 +223,18 @@ impl Observer for Unobserved {
     fn store_failing(&self, _: bool) {}
 }
 
-/// Which bucket an entry is about.
+/// Which bucket an entry is about: a token bucket of a budget, or a key of a named limiter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum BucketId {
-    Budget(Scope, Key),
-    Named(LimiterName, NamedKey),
+    Budget(Name, Key),
+    Named(Name, NamedKey),
 }
 
-/// What a fail mode and a fallback warning are set per: a scope, or a named limiter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Class {
-    Scope(Scope),
-    Limiter(LimiterName),
-}
-
-impl fmt::Display for Class {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl BucketId {
+    /// The budget or limiter the bucket belongs to.
+    fn name(self) -> Name {
         match self {
-            Class::Scope(scope) => fmt::Display::fmt(scope, f),
-            Class::Limiter(name) => fmt::Display::fmt(name, f),
+            BucketId::Budget(name, _) | BucketId::Named(name, _) => name,
         }
     }
 }
@@ -322,7 +383,8 @@ pub struct Guard {
     known: quick_cache::sync::Cache<BucketId, Arc<Mutex<Known>>>,
     fallback: Fallback,
     circuit: Mutex<Circuit>,
-    warned: Mutex<HashMap<(Class, FailMode), Instant>>,
+    /// When a budget (or limiter) deciding without the store last said so, per fail mode.
+    warned: Mutex<HashMap<(Name, FailMode), Instant>>,
 }
 
 impl fmt::Debug for Guard {
@@ -337,50 +399,34 @@ impl fmt::Debug for Guard {
 }
 
 impl Guard {
-    /// A guard in front of `inner`, telling `observer` about every decision.
-    pub fn new(inner: Arc<dyn Decider>, config: GuardConfig, observer: Arc<dyn Observer>) -> Guard {
-        let known = quick_cache::sync::Cache::new(config.capacity as usize);
-        let fallback = Fallback::new(config.capacity);
-        Guard {
-            inner,
-            config,
-            observer,
-            known,
-            fallback,
-            circuit: Mutex::new(Circuit::Closed { failures: 0 }),
-            warned: Mutex::new(HashMap::new()),
-        }
+    /// A guard in front of `inner` (a [`Store`](crate::Store), or any [`Decider`]), with the
+    /// defaults: a decision timeout of 250 ms, 100,000 buckets remembered, no observer.
+    pub fn builder(inner: impl Decider + 'static) -> GuardBuilder {
+        GuardBuilder::shared(Arc::new(inner))
     }
 
-    /// Forgets what the store said of one bucket: after a reset, which adds tokens, or when
-    /// its budget may have grown. The key of the scope's GCRA limiter
-    /// ([`LimiterName::of_scope`]) is forgotten too, whichever algorithm governs it now. The
-    /// fallback's bucket is kept (see the module documentation).
-    pub fn forget(&self, scope: Scope, key: Key) {
-        self.known.remove(&BucketId::Budget(scope, key));
-        let limiter = LimiterName::of_scope(scope);
-        self.known.remove(&BucketId::Named(limiter, NamedKey::of(limiter, &key.0)));
+    /// Forgets what the store said of `key`'s bucket of the budget `name` (a [`Scope`] or a
+    /// [`Name`]): after a reset, which adds tokens, or when its budget may have grown. The key
+    /// of the named limiter of the same name is forgotten too, whichever algorithm governs it
+    /// now. The fallback's bucket is kept (see the module documentation).
+    ///
+    /// [`Scope`]: crate::Scope
+    pub fn forget(&self, name: impl Into<Name>, key: Key) {
+        let name = name.into();
+        self.known.remove(&BucketId::Budget(name, key));
+        self.known.remove(&BucketId::Named(name, NamedKey::of(name, &key.0)));
     }
 
     /// Forgets one key of a named limiter: after a reset.
-    pub fn forget_named(&self, limiter: LimiterName, key: NamedKey) {
+    pub fn forget_named(&self, limiter: Name, key: NamedKey) {
         self.known.remove(&BucketId::Named(limiter, key));
     }
 
-    /// Forgets every bucket of a scope, and every key of its GCRA limiter: after its limit
-    /// may have grown.
-    pub fn forget_scope(&self, scope: Scope) {
-        let limiter = LimiterName::of_scope(scope);
-        self.known.retain(|id, _| match id {
-            BucketId::Budget(entry_scope, _) => *entry_scope != scope,
-            BucketId::Named(name, _) => *name != limiter,
-        });
-    }
-
-    /// Forgets a key of a limiter known only by its name's text (a reset notification).
-    fn forget_named_by_text(&self, limiter: &str, key: NamedKey) {
-        self.known
-            .retain(|id, _| !matches!(id, BucketId::Named(name, k) if name.as_str() == limiter && *k == key));
+    /// Forgets every bucket of the budget `name`, and every key of the named limiter of the
+    /// same name: after its limit may have grown.
+    pub fn forget_every_bucket_of(&self, name: impl Into<Name>) {
+        let name = name.into();
+        self.known.retain(|id, _| id.name() != name);
     }
 
     /// Forgets everything the store said: when resets may have been missed (the listener
@@ -426,6 +472,9 @@ impl Guard {
     }
 
     async fn decide_guarded(&self, take: Take, now: DateTime<Utc>) -> Result<(Decision, Source), Undecided> {
+        if let Some(Err(untrusted)) = self.config.clock.as_ref().map(crate::ClockStatus::check) {
+            return Err(Undecided::Declined(Box::new(untrusted)));
+        }
         let sent = match take {
             Take::Named(spend) => return self.decide_named(spend, now).await,
             take => match Sent::of(take).map_err(Undecided::Store)? {
@@ -437,7 +486,7 @@ impl Guard {
         };
         let entries: Entries = sent
             .iter()
-            .map(|(which, spend)| (*which, *spend, self.entry(BucketId::Budget(spend.scope, spend.key))))
+            .map(|(which, spend)| (*which, *spend, self.entry(BucketId::Budget(spend.name, spend.key))))
             .collect();
 
         if let Some(refusal) = precheck(&entries, now) {
@@ -459,8 +508,7 @@ impl Guard {
             Some(Err(undecided)) => undecided,
             None => Undecided::StoreFailing,
         };
-        let classes: smallvec::SmallVec<[Class; 2]> =
-            entries.iter().map(|(_, spend, _)| Class::Scope(spend.scope)).collect();
+        let classes: smallvec::SmallVec<[Name; 2]> = entries.iter().map(|(_, spend, _)| spend.name).collect();
         match fail_mode {
             FailMode::Closed => Err(undecided),
             FailMode::Open => {
@@ -472,7 +520,7 @@ impl Guard {
                 let spends: smallvec::SmallVec<[_; 2]> = entries
                     .iter()
                     .map(|(which, spend, _)| {
-                        let id = BucketId::Budget(spend.scope, spend.key);
+                        let id = BucketId::Budget(spend.name, spend.key);
                         (*which, id, spend.cost, spend.limit.per_second(), spend.limit.burst())
                     })
                     .collect();
@@ -550,7 +598,7 @@ impl Guard {
             Some(Err(undecided)) => undecided,
             None => Undecided::StoreFailing,
         };
-        let class = Class::Limiter(spend.limiter);
+        let class = spend.limiter;
         match fail_mode {
             FailMode::Closed => return Err(undecided),
             FailMode::Open => {
@@ -686,7 +734,7 @@ impl Guard {
 
     /// Says, at most once a minute per scope (or limiter) and fail mode, that takes are being
     /// decided without the store.
-    fn warn_fallback(&self, classes: &[Class], fail_mode: FailMode, undecided: &Undecided) {
+    fn warn_fallback(&self, classes: &[Name], fail_mode: FailMode, undecided: &Undecided) {
         let now = Instant::now();
         let mut warned = lock(&self.warned);
         for class in classes {
@@ -741,7 +789,7 @@ impl Sent {
             return Ok(Sent::Answered);
         }
         let spends = match take {
-            Take::Pair(first, second) if (first.scope, first.key) == (second.scope, second.key) => {
+            Take::Pair(first, second) if (first.name, first.key) == (second.name, second.key) => {
                 if first.limit != second.limit {
                     return Ok(Sent::Answered);
                 }
@@ -863,8 +911,8 @@ pub async fn follow_resets(
             };
             match message {
                 Ok(Some(notification)) => match parse_reset(notification.payload()) {
-                    Some(Reset::Budget(scope, key)) => guard.forget(scope, key),
-                    Some(Reset::Named(limiter, key)) => guard.forget_named_by_text(limiter, key),
+                    Some(Reset::Budget(name, key)) => guard.forget(name, key),
+                    Some(Reset::Named(limiter, key)) => guard.forget_named(limiter, key),
                     None => tracing::warn!(
                         payload = notification.payload(),
                         "ignoring a malformed reset notification"
@@ -889,14 +937,14 @@ async fn listen(pool: &sqlx::PgPool) -> Result<sqlx::postgres::PgListener, sqlx:
 }
 
 /// What a reset notification names.
-enum Reset<'a> {
-    Budget(Scope, Key),
-    Named(&'a str, NamedKey),
+enum Reset {
+    Budget(Name, Key),
+    Named(Name, NamedKey),
 }
 
-/// `scope:uuid` ([`Store::reset`](crate::Store::reset)) or `named:limiter:hex`
+/// `name:uuid` ([`Store::reset`](crate::Store::reset)) or `named:limiter:hex`
 /// ([`Store::reset_named`](crate::Store::reset_named)).
-fn parse_reset(payload: &str) -> Option<Reset<'_>> {
+fn parse_reset(payload: &str) -> Option<Reset> {
     if let Some(named) = payload.strip_prefix("named:") {
         let (limiter, hex) = named.split_once(':')?;
         let mut key = [0u8; 32];
@@ -906,8 +954,8 @@ fn parse_reset(payload: &str) -> Option<Reset<'_>> {
         for (i, byte) in key.iter_mut().enumerate() {
             *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
         }
-        return Some(Reset::Named(limiter, NamedKey(key)));
+        return Some(Reset::Named(Name::new(limiter).ok()?, NamedKey(key)));
     }
-    let (scope, key) = payload.split_once(':')?;
-    Some(Reset::Budget(scope.parse().ok()?, uuid::Uuid::parse_str(key).ok()?.into()))
+    let (name, key) = payload.split_once(':')?;
+    Some(Reset::Budget(Name::new(name).ok()?, uuid::Uuid::parse_str(key).ok()?.into()))
 }

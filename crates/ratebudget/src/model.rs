@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::{Enforcement, Error};
+use crate::{Enforcement, Error, Name, NamedKey};
 
 /// Which budget a bucket belongs to.
 ///
@@ -47,6 +47,16 @@ impl Scope {
         }
     }
 
+    /// The scope's budget [`Name`]: its buckets are the table's rows under that name.
+    pub fn name(self) -> Name {
+        Name::of_scope(self)
+    }
+
+    /// The scope a budget name stands for, if it is one of the five.
+    pub fn of_name(name: Name) -> Option<Scope> {
+        name.scope()
+    }
+
     /// Whether the scope's buckets are keyed by a Domain (rather than by one of its Nodes).
     pub fn is_per_domain(self) -> bool {
         match self {
@@ -73,11 +83,24 @@ impl FromStr for Scope {
     }
 }
 
-/// The Node or Domain whose budget a bucket is: a uuid's 16 bytes.
+/// Whose bucket of a budget it is: 16 bytes, stored as the `bucket_key` uuid. This project's
+/// keys are Node and Domain ids ([`From<uuid::Uuid>`]); any other key, a string or bytes, is
+/// hashed to 16 bytes under its budget's name ([`Key::hashed`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Key(pub [u8; 16]);
 
 impl Key {
+    /// `key` (an API key, a client address, a tenant: any bytes, of any length) under the
+    /// budget `name`: the first 16 bytes of the SHA-256 of the name, a zero byte and the key,
+    /// as [`NamedKey`] is for a named limiter. Two keys share a bucket only if their hashes do
+    /// (1 in 2^64 for a billion keys); the table never holds the key itself.
+    pub fn hashed(name: Name, key: &[u8]) -> Key {
+        let digest = NamedKey::of(name, key).0;
+        let mut bytes = [0; 16];
+        bytes.copy_from_slice(&digest[..16]);
+        Key(bytes)
+    }
+
     /// The key as the uuid stored in `bucket_key`.
     pub fn as_uuid(self) -> uuid::Uuid {
         uuid::Uuid::from_bytes(self.0)
@@ -284,9 +307,9 @@ pub struct Fill {
 /// the take is enforced.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Spend {
-    /// The budget spent.
-    pub scope: Scope,
-    /// Whose budget it is.
+    /// The budget spent: one of this project's scopes, or a name of its user's own.
+    pub name: Name,
+    /// Whose bucket of that budget it is.
     pub key: Key,
     /// Tokens the request costs from this bucket.
     pub cost: f64,
@@ -298,10 +321,11 @@ pub struct Spend {
 }
 
 impl Spend {
-    /// A spend enforced strictly (refusals refuse, the store failing fails the take), from
+    /// A spend of `cost` from `key`'s bucket of the budget `name` (a [`Scope`] or a
+    /// [`Name`]), enforced strictly (refusals refuse, the store failing fails the take), from
     /// no rule.
-    pub fn new(scope: Scope, key: Key, cost: f64, limit: Limit) -> Spend {
-        Spend { scope, key, cost, limit, enforcement: Enforcement::STRICT }
+    pub fn new(name: impl Into<Name>, key: Key, cost: f64, limit: Limit) -> Spend {
+        Spend { name: name.into(), key, cost, limit, enforcement: Enforcement::STRICT }
     }
 
     /// Rejects a spend that a query must never see: the zero key, a negative or NaN cost.

@@ -26,58 +26,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sha2::{Digest as _, Sha256};
 
-use crate::{Enforcement, Error, InvalidLimit, Limit, Scope};
+use crate::{Enforcement, InvalidLimit, Limit, Name};
 
-/// A named limiter's name: 1 to 63 characters of `a-z 0-9 _`, starting with a letter (the
-/// table's CHECK). The name is part of every key, so limiters never share keys.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LimiterName(&'static str);
-
-/// A name that breaks the rule.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("invalid limiter name {0:?}: 1 to 63 of a-z 0-9 _, starting with a letter")]
-pub struct InvalidName(pub &'static str);
-
-impl LimiterName {
-    /// Checks `name`. Names are code, not input, hence `&'static str`.
-    ///
-    /// # Errors
-    /// [`InvalidName`] unless `name` is 1 to 63 of `a-z 0-9 _` starting with a letter.
-    pub fn new(name: &'static str) -> Result<LimiterName, InvalidName> {
-        let bytes = name.as_bytes();
-        let valid = (1..=63).contains(&bytes.len())
-            && bytes[0].is_ascii_lowercase()
-            && bytes.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_');
-        if valid {
-            Ok(LimiterName(name))
-        } else {
-            Err(InvalidName(name))
-        }
-    }
-
-    /// The name as the table stores it.
-    pub fn as_str(self) -> &'static str {
-        self.0
-    }
-
-    /// The limiter a scope's takes go to when its policy's algorithm is GCRA: named as the
-    /// scope is, so its keys never mix with another limiter's.
-    pub fn of_scope(scope: Scope) -> LimiterName {
-        // Every scope's text is lowercase letters and underscores, a valid name.
-        LimiterName(scope.as_str())
-    }
-
-    /// The scope this limiter stands for, when it is one ([`LimiterName::of_scope`]).
-    pub fn scope(self) -> Option<Scope> {
-        self.0.parse().ok()
-    }
-}
-
-impl fmt::Display for LimiterName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.0)
-    }
-}
+/// A named limiter's name: a [`Name`], as a token bucket's budget has. The name is part of
+/// every key, so limiters never share keys.
+pub type LimiterName = Name;
 
 /// A key of a named limiter, as stored: the SHA-256 of the limiter's name, a zero byte, and
 /// the key's bytes. Any key, 3 bytes or 10 kB, is one 32-byte value; the table never holds
@@ -88,7 +41,7 @@ pub struct NamedKey(pub [u8; 32]);
 
 impl NamedKey {
     /// `key` under `limiter`.
-    pub fn of(limiter: LimiterName, key: &[u8]) -> NamedKey {
+    pub fn of(limiter: Name, key: &[u8]) -> NamedKey {
         let mut digest = Sha256::new();
         digest.update(limiter.as_str().as_bytes());
         digest.update([0]);
@@ -222,41 +175,14 @@ pub(crate) fn until(now: i64, at: i64) -> Duration {
     Duration::from_micros(u64::try_from(at - now).unwrap_or(0))
 }
 
-impl From<InvalidName> for Error {
-    fn from(_: InvalidName) -> Self {
-        Error::InvalidBudget
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn names_follow_the_tables_rule() {
-        for good in ["auth_failure", "a", "login2"] {
-            assert!(LimiterName::new(good).is_ok(), "{good}");
-        }
-        for bad in ["", "Auth", "2fa", "auth-failure", "auth failure", "é"] {
-            assert!(LimiterName::new(bad).is_err(), "{bad}");
-        }
-        assert!(LimiterName::new(Box::leak("a".repeat(64).into_boxed_str())).is_err());
-    }
-
-    #[test]
-    fn a_scopes_limiter_is_named_as_the_scope_and_back() {
-        for scope in Scope::ALL {
-            let limiter = LimiterName::of_scope(scope);
-            assert_eq!(LimiterName::new(limiter.as_str()), Ok(limiter));
-            assert_eq!(limiter.scope(), Some(scope));
-        }
-        assert_eq!(LimiterName::new("auth_failure").unwrap().scope(), None);
-    }
-
-    #[test]
     fn keys_of_any_length_hash_to_32_bytes_and_limiters_never_share_one() {
-        let a = LimiterName::new("a").unwrap();
-        let b = LimiterName::new("b").unwrap();
+        let a = Name::new("a").unwrap();
+        let b = Name::new("b").unwrap();
         assert_eq!(NamedKey::of(a, &[7; 10_000]).0.len(), 32);
         assert_ne!(NamedKey::of(a, b"10.0.0.1"), NamedKey::of(b, b"10.0.0.1"));
         assert_ne!(NamedKey::of(a, b"x"), NamedKey::of(a, b"y"));

@@ -134,7 +134,7 @@ impl SingleBudget {
         let policy = self.spender.policy(self.scope, domain)?;
         let take = match policy.algorithm {
             Algorithm::TokenBucket => Take::Single(Spend {
-                scope: self.scope,
+                name: self.scope.name(),
                 key,
                 cost,
                 limit: policy.limit,
@@ -203,7 +203,7 @@ impl PairBudget {
             if policy.algorithm != Algorithm::TokenBucket {
                 return Err(Undecided::Declined(Box::new(PairedGcra(scope))));
             }
-            Ok(Spend { scope, key, cost, limit: policy.limit, enforcement: policy.enforcement })
+            Ok(Spend { name: scope.name(), key, cost, limit: policy.limit, enforcement: policy.enforcement })
         };
         let take = Take::Pair(spend(self.first, first_key)?, spend(self.second, second_key)?);
         self.spender.spend(take).await

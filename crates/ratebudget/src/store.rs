@@ -7,10 +7,11 @@ use sqlx::{PgPool, Row};
 
 use crate::batch::{self, Coalescer, Coalescing, Statement};
 use crate::connections::TakeConnections;
+use crate::error::Failure;
 use crate::named::Gcra;
 use crate::{
-    named, Budget, Decider, Decision, Error, Grant, InsufficientCapacity, Key, Limit, LimiterName, NamedKey,
-    NamedSpend, Refusal, Scope, Spend, Take, Undecided, Which,
+    named, Budget, Decider, Decision, Error, Grant, InsufficientCapacity, Key, Limit, LimiterName, Name,
+    NamedKey, NamedSpend, Refusal, Scope, Spend, Take, Undecided, Which,
 };
 
 const DELETE_IDLE: &str = include_str!("../queries/delete_idle.sql");
@@ -46,8 +47,9 @@ impl std::fmt::Debug for Store {
 /// One bucket as stored, for operators reading a budget.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Bucket {
-    /// The budget this bucket belongs to.
-    pub scope: Scope,
+    /// The budget this bucket belongs to: one of this project's scopes ([`Name::scope`]), or
+    /// a name of a user's own.
+    pub name: Name,
     /// What was left when the bucket was last brought up to date.
     pub tokens: f64,
     /// When that was; the next take refills from this instant.
@@ -87,13 +89,16 @@ impl Store {
     ///
     /// `Ok(true)`: the bucket covered the cost and has been debited. `Ok(false)`: it did not,
     /// and nothing was written, so the tokens accrued since its last grant are still there.
-    /// [`Store::decide`] makes the same decision and says more about it.
+    /// [`Decider::decide`] makes the same decision and says more about it.
     ///
     /// A zero cost is granted and a cost above the burst refused without a query.
     ///
     /// # Errors
     /// [`Error::ZeroKey`], [`Error::NegativeCost`] and [`Error::InvalidBudget`] before any
-    /// query; [`Error::Database`] when the database did not answer, which is never a refusal.
+    /// query; [`Error::Database`] when the database did not answer, which is never a refusal
+    /// (a failure that is not one of its own statement's, such as the coalesced call it was in
+    /// failing, is carried there as the source of an I/O error: this API's error has no other
+    /// place for it; [`Decider::decide`] names each).
     pub async fn take(
         &self,
         scope: Scope,
@@ -103,12 +108,13 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<bool, Error> {
         let limit = Limit::try_from(budget)?;
-        let decision = self.decide(Take::Single(Spend::new(scope, key, cost, limit)), now).await?;
+        let decision = self.decide_take(Take::Single(Spend::new(scope, key, cost, limit)), now).await?;
         Ok(decision.is_granted())
     }
 
     /// Decides `take` at the caller's `now`, in one round trip, and debits every bucket of it
-    /// or none.
+    /// or none: [`Decider::decide`], which is how every caller but the reference's
+    /// [`Store::take`] asks.
     ///
     /// A missing bucket is minted full. Two concurrent takes on one bucket serialise on its
     /// row, so the last token is granted once. A refusal writes nothing, so the tokens accrued
@@ -123,12 +129,7 @@ impl Store {
     /// take), and a cost above its burst is [`Decision::InsufficientCapacity`]. A pair naming
     /// one bucket twice takes both costs from it, which needs one limit. When both buckets of
     /// a pair would refuse, the first is reported.
-    ///
-    /// # Errors
-    /// [`Error::ZeroKey`] or [`Error::NegativeCost`] before any query;
-    /// [`Error::InvalidBudget`] when one bucket is named twice with two different limits;
-    /// [`Error::Database`] when the database did not answer, which is never a refusal.
-    pub async fn decide(&self, take: Take, now: DateTime<Utc>) -> Result<Decision, Error> {
+    async fn decide_take(&self, take: Take, now: DateTime<Utc>) -> Result<Decision, Failure> {
         match reduce(take)? {
             Reduced::Answered(decision) => Ok(decision),
             Reduced::Named(spend) => self.decide_named(spend, now).await,
@@ -136,15 +137,17 @@ impl Store {
         }
     }
 
-    /// Decides `takes` in order, each at its own instant, exactly as [`Store::decide`] one at
-    /// a time would, with every take that needs the database in one round trip and one
-    /// transaction: what the store's coalescing sends for concurrent callers.
+    /// Decides `takes` in order, each at its own instant, exactly as one at a time would,
+    /// with every take that needs the database in one round trip and one transaction: what
+    /// the store's coalescing sends for concurrent callers. For tests and benchmarks that
+    /// compare the two.
     ///
     /// # Errors
-    /// Per take, as [`Store::decide`]: bad input before any query; when the call fails, every
-    /// take that needed it fails with [`Error::Database`], never a refusal.
-    pub async fn decide_all(&self, takes: &[(Take, DateTime<Utc>)]) -> Vec<Result<Decision, Error>> {
-        let mut answers: Vec<Option<Result<Decision, Error>>> = Vec::with_capacity(takes.len());
+    /// Per take, as [`Decider::decide`]: bad input before any query; when the call fails,
+    /// every take that needed it fails with [`Undecided::CallFailed`], never a refusal.
+    #[doc(hidden)]
+    pub async fn decide_all(&self, takes: &[(Take, DateTime<Utc>)]) -> Vec<Result<Decision, Undecided>> {
+        let mut answers: Vec<Option<Result<Decision, Undecided>>> = Vec::with_capacity(takes.len());
         let mut statements = Vec::new();
         let mut named = Vec::new();
         for (i, (take, now)) in takes.iter().enumerate() {
@@ -158,12 +161,12 @@ impl Store {
                     statements.push((i, statement, *now));
                     None
                 }
-                Err(error) => Some(Err(error)),
+                Err(error) => Some(Err(Undecided::Store(error))),
             });
         }
         // Named limiters are another table and statement; they are not coalesced.
         for (i, spend, now) in named {
-            answers[i] = Some(self.decide_named(spend, now).await);
+            answers[i] = Some(self.decide_named(spend, now).await.map_err(Undecided::from));
         }
         let sent: Vec<(Statement, DateTime<Utc>)> =
             statements.iter().map(|(_, statement, now)| (*statement, *now)).collect();
@@ -173,10 +176,10 @@ impl Store {
                     answers[*i] = Some(Ok(decision));
                 }
             }
-            Err(error) => {
-                let shared = Arc::new(error);
+            Err(failure) => {
+                let shared = failure.shared();
                 for (i, _, _) in &statements {
-                    answers[*i] = Some(Err(batch::batch_failed(&shared)));
+                    answers[*i] = Some(Err(shared.one().into()));
                 }
             }
         }
@@ -212,10 +215,10 @@ impl Store {
     /// idle rows take a couple of hundred statements.
     pub const DELETE_IDLE_BATCH: u64 = 5_000;
 
-    /// Forgets the bucket `(scope, key)`, so the next take on any replica mints it full, and
-    /// reports whether it existed: for operators unblocking a caller. The key of the scope's
-    /// GCRA limiter ([`LimiterName::of_scope`]) is forgotten with it, since a policy may decide
-    /// the scope with GCRA.
+    /// Forgets `key`'s bucket of the budget `name` (a [`Scope`] or a [`Name`]), so the next
+    /// take on any replica mints it full, and reports whether it existed: for operators
+    /// unblocking a caller. The key of the named limiter of the same name is forgotten with
+    /// it, since a policy may decide the budget with GCRA.
     ///
     /// In the same transaction it notifies every replica (`LISTEN`/`NOTIFY`, delivered at
     /// commit), whose guards forget what they knew of the bucket: a reset is the one thing
@@ -224,16 +227,16 @@ impl Store {
     /// # Errors
     /// [`Error::ZeroKey`] before any query; [`Error::Database`] when the database did not
     /// answer (the bucket may or may not have been reset).
-    pub async fn reset(&self, scope: Scope, key: Key) -> Result<bool, Error> {
+    pub async fn reset(&self, name: impl Into<Name>, key: Key) -> Result<bool, Error> {
         if key.0 == [0; 16] {
             return Err(Error::ZeroKey);
         }
-        let limiter = LimiterName::of_scope(scope);
+        let name = name.into();
         let existed: bool = sqlx::query_scalar(RESET)
-            .bind(scope.as_str())
+            .bind(name.as_str())
             .bind(key.as_uuid())
             .bind(RESET_CHANNEL)
-            .bind(&NamedKey::of(limiter, &key.0).0[..])
+            .bind(&NamedKey::of(name, &key.0).0[..])
             .fetch_one(&self.pool)
             .await?;
         Ok(existed)
@@ -272,20 +275,21 @@ impl Store {
     /// A missing bucket is not a problem: the next take mints it full.
     ///
     /// # Errors
-    /// [`Error::Database`] when the database did not answer; [`Error::UnknownScope`] if a row
-    /// holds a scope this build does not know (a newer replica's migration).
+    /// [`Error::Database`] when the database did not answer.
     pub async fn buckets(&self, key: Key) -> Result<Vec<Bucket>, Error> {
         let rows = sqlx::query(BUCKETS).bind(key.as_uuid()).fetch_all(&self.pool).await?;
-        rows.iter()
-            .map(|row| {
-                let scope: String = row.try_get("scope")?;
-                Ok(Bucket {
-                    scope: scope.parse()?,
-                    tokens: row.try_get("tokens")?,
-                    refilled_at: row.try_get("refilled_at")?,
-                })
-            })
-            .collect()
+        let mut buckets = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let name: String = row.try_get("scope")?;
+            // The table's CHECK holds every name to the rule Name::new checks.
+            let Ok(name) = Name::new(&name) else { continue };
+            buckets.push(Bucket {
+                name,
+                tokens: row.try_get("tokens")?,
+                refilled_at: row.try_get("refilled_at")?,
+            });
+        }
+        Ok(buckets)
     }
 
     /// Closes the store's connections (and its pool): takes and sweeps after this fail with
@@ -336,7 +340,7 @@ fn reduce(take: Take) -> Result<Reduced, Error> {
         Take::Pair(first, second) => (first, second),
         Take::Named(spend) => return Ok(Reduced::Named(spend)),
     };
-    if (first.scope, first.key) == (second.scope, second.key) {
+    if (first.name, first.key) == (second.name, second.key) {
         if first.limit != second.limit {
             return Err(Error::InvalidBudget);
         }
@@ -366,18 +370,19 @@ fn reduce(take: Take) -> Result<Reduced, Error> {
 /// statement ends after its caller gave up stands (ARCHITECTURE.md, "Deadlines").
 async fn detached<T: Send + 'static>(
     statement: impl std::future::Future<Output = Result<T, sqlx::Error>> + Send + 'static,
-) -> Result<T, Error> {
+) -> Result<T, Failure> {
     match tokio::spawn(statement).await {
         Ok(result) => Ok(result?),
         Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
         // Only a runtime shutting down cancels the task: nothing will answer any more.
-        Err(_) => Err(Error::Database(sqlx::Error::PoolClosed)),
+        Err(_) => Err(Failure::Unanswered),
     }
 }
 
 impl Store {
-    async fn decide_named(&self, spend: NamedSpend, now: DateTime<Utc>) -> Result<Decision, Error> {
-        // A limit whose burst is below one whole cell admits nothing: misconfiguration.
+    async fn decide_named(&self, spend: NamedSpend, now: DateTime<Utc>) -> Result<Decision, Failure> {
+        // A limit GCRA cannot enforce (a burst below one whole cell, a rate it would round):
+        // misconfiguration.
         let gcra = Gcra::of(spend.limit).ok_or(Error::InvalidBudget)?;
         if spend.cells == 0 {
             return Ok(Decision::Granted(Grant::FREE));
@@ -433,7 +438,7 @@ impl Store {
 #[async_trait::async_trait]
 impl Decider for Store {
     async fn decide(&self, take: Take, now: DateTime<Utc>) -> Result<Decision, Undecided> {
-        Ok(Store::decide(self, take, now).await?)
+        Ok(self.decide_take(take, now).await?)
     }
 }
 

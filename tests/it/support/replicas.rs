@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use app::clock::TimeSource;
 use app::config::{self, Config, Knobs};
 use app::leader::{LeaderTiming, Leadership};
+use app::startup::TimeSource;
 use app::startup::{Application, Wiring};
 use ratebudget::Clock;
 use reqwest::{Method, StatusCode};

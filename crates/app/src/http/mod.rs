@@ -37,8 +37,8 @@ pub use auth::{CredentialCache, OperatorTokens};
 pub use error::{cause_chain, error_response, panic_response, ApiError};
 
 use crate::budgets::RuleBudgets;
-use crate::clock::ClockStatus;
 use crate::metrics::Metrics;
+use ratebudget::ClockStatus;
 
 /// The largest JSON body an operator route reads: a 64 KiB secret, JSON-escaped, fits.
 const OPERATOR_BODY_LIMIT: usize = 512 * 1024;

@@ -362,7 +362,7 @@ pub(super) async fn show_budgets(
     let body = buckets
         .into_iter()
         .map(|bucket| BucketBody {
-            scope: bucket.scope.as_str(),
+            scope: bucket.name.as_str(),
             tokens: bucket.tokens,
             refilled_at: bucket.refilled_at,
         })

@@ -178,7 +178,7 @@ pub(super) async fn fill(
         .filter(|explained| explained.scope.is_per_domain() == (kind == "domain"))
         .map(|explained| {
             let (scope, limit) = (explained.scope, explained.policy.limit);
-            let row = stored.iter().find(|bucket| bucket.scope == scope);
+            let row = stored.iter().find(|bucket| bucket.name == scope.name());
             let (algorithm, tokens) = match explained.policy.algorithm {
                 ratebudget::Algorithm::TokenBucket => {
                     let level = row.map_or(limit.burst(), |row| {

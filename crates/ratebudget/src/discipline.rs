@@ -1,5 +1,10 @@
 //! Clock discipline: every replica decides on the database's time, not its own.
 //!
+//! Every multi-replica user of the crate needs it: decide at [`DatabaseClock`]'s `now` and
+//! build the [`Guard`](crate::Guard) with its [`ClockStatus`] ([`GuardBuilder::trusted_only`](crate::GuardBuilder::trusted_only)),
+//! and the guard declines every take while the clock cannot be trusted. [`SystemClock`](crate::SystemClock)
+//! is for a single process, or for tests.
+//!
 //! A take is decided at the caller's `now`, and the bucket row keeps the `refilled_at` of the
 //! last take. A replica whose clock ran ahead would move `refilled_at` into everybody else's
 //! future (their takes see no time pass, so the bucket stops refilling for them), and a leader
@@ -18,15 +23,14 @@
 //! The measured offset (database time minus this replica's wall clock, in seconds) is
 //! exported as `plexsphere_clock_offset_seconds`.
 
-use std::sync::{Arc, RwLock};
+use std::future::Future;
+use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use ratebudget::Clock;
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 
-use crate::metrics::Metrics;
+use crate::Clock;
 
 /// How often a replica measures its offset once it has an anchor.
 pub const CHECK_INTERVAL: Duration = Duration::from_secs(10);
@@ -43,15 +47,6 @@ const MEASURE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Round trips per measurement; the one with the shortest round trip anchors the clock.
 const SAMPLES: usize = 3;
-
-/// Where a replica's decisions get their time from.
-#[derive(Clone, Debug)]
-pub enum TimeSource {
-    /// The database's clock, measured and anchored (production).
-    Database,
-    /// A clock a test drives; it is neither measured nor gated.
-    Given(Arc<dyn Clock>),
-}
 
 /// The database's time at one instant of this process's monotonic clock.
 #[derive(Clone, Copy, Debug)]
@@ -87,6 +82,26 @@ pub struct DatabaseClock {
     discipline: Arc<Discipline>,
 }
 
+impl DatabaseClock {
+    /// A clock on `pool`'s database, trusted only while its error is within `max_skew`, and its
+    /// status; its measuring loop ([`run`]) runs on the current tokio runtime until every clone
+    /// of the clock is dropped. The clock is untrusted until the first measurement.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn spawn(pool: PgPool, max_skew: Duration) -> (DatabaseClock, ClockStatus) {
+        let (clock, status) = disciplined(max_skew);
+        let weak = Arc::downgrade(&clock.discipline);
+        tokio::spawn(measure_while_held(weak, pool));
+        (clock, status)
+    }
+
+    /// Whether decisions may be taken on this clock now.
+    pub fn status(&self) -> ClockStatus {
+        ClockStatus { discipline: Some(self.discipline.clone()) }
+    }
+}
+
 impl Clock for DatabaseClock {
     fn now(&self) -> DateTime<Utc> {
         match self.discipline.anchor() {
@@ -99,6 +114,22 @@ impl Clock for DatabaseClock {
             None => Utc::now(),
         }
     }
+}
+
+/// [`run`] for a clock that measures while anyone but the loop holds it.
+async fn measure_while_held(discipline: Weak<Discipline>, pool: PgPool) {
+    let Some(strong) = discipline.upgrade() else { return };
+    let clock = DatabaseClock { discipline: strong };
+    // The loop holds one clone itself: it stops once that is the last.
+    let unheld = async {
+        loop {
+            tokio::time::sleep(RETRY_INTERVAL).await;
+            if discipline.strong_count() <= 1 {
+                return;
+            }
+        }
+    };
+    run(clock, pool, |_| {}, unheld).await;
 }
 
 /// Why this replica does not decide right now.
@@ -143,6 +174,21 @@ impl ClockStatus {
         Ok(())
     }
 
+    /// Waits until the clock is trusted (its first measurement, at start), at most `within`.
+    ///
+    /// # Errors
+    /// [`UntrustedClock`], why it still is not, after `within`.
+    pub async fn trusted_within(&self, within: Duration) -> Result<(), UntrustedClock> {
+        let deadline = Instant::now() + within;
+        loop {
+            match self.check() {
+                Ok(()) => return Ok(()),
+                Err(untrusted) if Instant::now() >= deadline => return Err(untrusted),
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+    }
+
     /// The most this replica's corrected clock may be off: the margin the sweep leaves.
     pub fn max_skew(&self) -> Duration {
         self.discipline.as_ref().map_or(Duration::ZERO, |discipline| discipline.max_skew)
@@ -156,22 +202,29 @@ pub fn disciplined(max_skew: Duration) -> (DatabaseClock, ClockStatus) {
 }
 
 /// Measures the database's clock at once and then every [`CHECK_INTERVAL`] (every
-/// [`RETRY_INTERVAL`] while measurements fail or leave the clock untrusted), until `shutdown`.
-pub async fn run(clock: DatabaseClock, pool: PgPool, metrics: Metrics, shutdown: CancellationToken) {
+/// [`RETRY_INTERVAL`] while measurements fail or leave the clock untrusted), telling
+/// `measured` each offset (database minus wall clock, in seconds), until `shutdown`.
+pub async fn run(
+    clock: DatabaseClock,
+    pool: PgPool,
+    mut measured: impl FnMut(f64) + Send,
+    shutdown: impl Future<Output = ()> + Send,
+) {
+    tokio::pin!(shutdown);
     let status = ClockStatus { discipline: Some(clock.discipline.clone()) };
     // One line per spell of failing or untrusted measurements, not one per retry.
     let (mut failing, mut untrusted_logged) = (false, false);
     loop {
-        let measured = tokio::time::timeout(MEASURE_TIMEOUT, measure(&pool))
+        let measurement = tokio::time::timeout(MEASURE_TIMEOUT, measure(&pool))
             .await
             .unwrap_or(Err(MeasureError::TimedOut(MEASURE_TIMEOUT)));
-        let wait = match measured {
+        let wait = match measurement {
             Ok(sample) => {
                 if failing {
                     tracing::info!("the database's clock answers again");
                     failing = false;
                 }
-                metrics.set_clock_offset(sample.offset_seconds);
+                measured(sample.offset_seconds);
                 adopt(&clock.discipline, sample);
                 match status.check() {
                     Ok(()) => {
@@ -193,17 +246,29 @@ pub async fn run(clock: DatabaseClock, pool: PgPool, metrics: Metrics, shutdown:
             }
             Err(error) => {
                 if !failing {
-                    tracing::warn!(error = %crate::http::cause_chain(&error), "cannot measure the database's clock; retrying");
+                    tracing::warn!(error = %cause_chain(&error), "cannot measure the database's clock; retrying");
                     failing = true;
                 }
                 RETRY_INTERVAL
             }
         };
         tokio::select! {
-            () = shutdown.cancelled() => return,
+            () = &mut shutdown => return,
             () = tokio::time::sleep(wait) => {}
         }
     }
+}
+
+/// `error` and each of its sources on one line.
+fn cause_chain(error: &dyn std::error::Error) -> String {
+    let mut line = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        line.push_str(": ");
+        line.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    line
 }
 
 /// One measurement: the anchor it offers and the wall-clock offset it saw.

@@ -1,0 +1,34 @@
+-- plexsphere.lock_rate_budget_row: its current definition, whole. A migration that changes it includes this
+-- file (`--! include functions/lock_rate_budget_row.sql`); tests/it/migrations.rs checks that the database
+-- holds exactly this.
+CREATE OR REPLACE FUNCTION plexsphere.lock_rate_budget_row(
+    bucket_scope text,
+    key uuid,
+    burst double precision,
+    now timestamptz,
+    OUT tokens double precision,
+    OUT refilled_at timestamptz
+)
+LANGUAGE plpgsql AS $$
+BEGIN
+    LOOP
+        SELECT b.tokens, b.refilled_at
+        INTO tokens, refilled_at
+        FROM plexsphere.rate_budgets AS b
+        WHERE b.scope = bucket_scope
+          AND b.bucket_key = key
+        FOR UPDATE;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+        -- Waits for a concurrent minting of the same row; when that wins, goes round to lock it.
+        INSERT INTO plexsphere.rate_budgets AS b (scope, bucket_key, tokens, refilled_at)
+        VALUES (bucket_scope, key, burst, now)
+        ON CONFLICT (scope, bucket_key) DO NOTHING
+        RETURNING b.tokens, b.refilled_at INTO tokens, refilled_at;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END LOOP;
+END
+$$;
