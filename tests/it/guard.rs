@@ -212,7 +212,7 @@ async fn each_take_fails_by_its_own_mode_and_a_pair_by_the_stricter_of_two() {
     };
 
     // Local: a bucket of the same budget as the shared one, three back to back, then refused.
-    let local = failing(Scope::SecretReadNode, FailMode::Local);
+    let local = failing(Scope::SecretReadNode, FailMode::Static);
     let decisions: Vec<bool> =
         futures::future::join_all((0..4).map(|_| guard.decide(Take::Single(local), now)))
             .await
@@ -411,7 +411,7 @@ async fn the_fallback_keeps_its_buckets_through_whatever_the_precheck_forgets() 
     let bucket = key();
     let local = Take::Single(failing_by(
         Spend::new(Scope::SecretReadNode, bucket, 1.0, Limit::new(1.0, 3.0).unwrap()),
-        FailMode::Local,
+        FailMode::Static,
     ));
     for _ in 0..3 {
         assert!(guard.decide(local, now).await.unwrap().is_granted());
@@ -443,7 +443,7 @@ async fn a_fallback_at_capacity_forgets_only_full_buckets_and_decides_no_other()
     let local = |bucket| {
         Take::Single(failing_by(
             Spend::new(Scope::SecretReadNode, bucket, 3.0, Limit::new(1.0, 3.0).unwrap()),
-            FailMode::Local,
+            FailMode::Static,
         ))
     };
     let (a, b, c) = (key(), key(), key());
@@ -469,7 +469,7 @@ async fn a_pair_with_a_free_side_or_one_bucket_twice_decides_by_its_fail_mode() 
     let spend = |bucket, cost| {
         failing_by(
             Spend::new(Scope::SecretReadNode, bucket, cost, Limit::new(1.0, 3.0).unwrap()),
-            FailMode::Local,
+            FailMode::Static,
         )
     };
     let (a, b) = (key(), key());

@@ -338,7 +338,7 @@ async fn a_store_that_cannot_answer_is_a_500_failing_closed_and_the_fail_mode_de
     assert_eq!(fixture.calls(), 1);
 
     // Local: this replica's own bucket of the same limit decides.
-    let local = layered(FailMode::Local, 1.0);
+    let local = layered(FailMode::Static, 1.0);
     assert_eq!(send(&local, keyed("alice")).await.status, StatusCode::OK);
     assert_eq!(send(&local, keyed("alice")).await.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(fixture.calls(), 2);

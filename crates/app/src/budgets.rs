@@ -48,44 +48,6 @@ pub fn rules_tier(tier: access::Tier) -> rules::Tier {
     }
 }
 
-/// A rule's fail mode as the guard applies it.
-fn fail_mode(mode: rules::FailMode) -> ratebudget::FailMode {
-    match mode {
-        rules::FailMode::Closed => ratebudget::FailMode::Closed,
-        rules::FailMode::Open => ratebudget::FailMode::Open,
-        rules::FailMode::Static => ratebudget::FailMode::Local,
-    }
-}
-
-/// A guard's fail mode in the rules' words, for showing a default beside the rules.
-pub fn rule_fail_mode(mode: ratebudget::FailMode) -> rules::FailMode {
-    match mode {
-        ratebudget::FailMode::Closed => rules::FailMode::Closed,
-        ratebudget::FailMode::Open => rules::FailMode::Open,
-        ratebudget::FailMode::Local => rules::FailMode::Static,
-    }
-}
-
-/// The policy a take carries under `rule`, whose usage counts under `reference`.
-fn policy_of(rule: &Rule, reference: RuleRef) -> Policy {
-    let spec = &rule.spec;
-    Policy {
-        limit: spec.limit(),
-        algorithm: match spec.algorithm() {
-            rules::Algorithm::TokenBucket => ratebudget::Algorithm::TokenBucket,
-            rules::Algorithm::Gcra => ratebudget::Algorithm::Gcra,
-        },
-        enforcement: Enforcement {
-            mode: match spec.mode() {
-                rules::Mode::Enforce => ratebudget::Mode::Enforce,
-                rules::Mode::Shadow => ratebudget::Mode::Shadow,
-            },
-            fail_mode: fail_mode(spec.fail_mode()),
-            rule: Some(reference),
-        },
-    }
-}
-
 /// The small numbers takes carry for rules ([`RuleRef`]) and the rule ids they stand for.
 ///
 /// A rule keeps its number for the life of the process, across snapshots, so a count made
@@ -295,7 +257,7 @@ impl RuleBudgets {
 
     fn install_rules(&self, snapshot: Snapshot) {
         let policies =
-            snapshot.rules().iter().map(|rule| policy_of(rule, self.refs.intern(&rule.id))).collect();
+            snapshot.rules().iter().map(|rule| rule.spec.policy(self.refs.intern(&rule.id))).collect();
         let compiled = Arc::new(CompiledRules { snapshot, policies });
         let replaced = {
             let mut state = write(&self.state);
@@ -316,7 +278,7 @@ impl RuleBudgets {
                     "installed a new rate-budget rules snapshot"
                 );
             }
-            forget(&self.guard, grown_rules(&held.snapshot, &compiled.snapshot));
+            forget(&self.guard, compiled.snapshot.grown_since(&held.snapshot));
         }
     }
 
@@ -361,41 +323,6 @@ impl ratebudget::Budgets for RuleBudgets {
             None => self.default_policy(scope),
         })
     }
-}
-
-/// Whether a rule's change from `old` to `new` (either absent: added or deleted) may let a
-/// budget grow: anything but the same rule, selecting the same Domains at the same priority
-/// with the same algorithm, at a rate and burst no larger. (A rule added or removed changes
-/// which rule governs, which may grow a budget.)
-fn may_grow(old: Option<&Rule>, new: Option<&Rule>) -> bool {
-    let (Some(old), Some(new)) = (old, new) else {
-        return old.is_some() || new.is_some();
-    };
-    let (old, new) = (&old.spec, &new.spec);
-    let same_place = (old.scope(), old.selector(), old.priority(), old.algorithm())
-        == (new.scope(), new.selector(), new.priority(), new.algorithm());
-    let no_larger =
-        new.limit().per_second() <= old.limit().per_second() && new.limit().burst() <= old.limit().burst();
-    !(same_place && no_larger)
-}
-
-/// Where the rules that may have grown between two snapshots govern: (scope, selector).
-fn grown_rules(old: &Snapshot, new: &Snapshot) -> HashSet<(Scope, Selector)> {
-    let by_id = |snapshot: &Snapshot| -> HashMap<rules::RuleId, Rule> {
-        snapshot.rules().iter().map(|rule| (rule.id.clone(), rule.clone())).collect()
-    };
-    let (old, new) = (by_id(old), by_id(new));
-    let ids: HashSet<&rules::RuleId> = old.keys().chain(new.keys()).collect();
-    let mut grown = HashSet::new();
-    for id in ids {
-        let (before, after) = (old.get(id), new.get(id));
-        if may_grow(before, after) {
-            for rule in before.into_iter().chain(after) {
-                grown.insert((rule.spec.scope(), rule.spec.selector()));
-            }
-        }
-    }
-    grown
 }
 
 /// Makes the guard forget the buckets governed at each (scope, selector): one Domain's own
@@ -533,13 +460,6 @@ mod tests {
         assert_eq!(access::Tier::ALL.len(), rules::Tier::ALL.len());
         for tier in access::Tier::ALL {
             assert_eq!(rules_tier(tier).as_str(), tier.as_str());
-        }
-    }
-
-    #[test]
-    fn fail_modes_read_the_same_both_ways() {
-        for mode in [rules::FailMode::Closed, rules::FailMode::Open, rules::FailMode::Static] {
-            assert_eq!(rule_fail_mode(fail_mode(mode)), mode);
         }
     }
 }

@@ -114,16 +114,17 @@ pub const OTLP_ENDPOINT: &str = "PLEXSPHERE_OTLP_ENDPOINT";
 /// `PLEXSPHERE_OTLP_INTERVAL_MS`: how often metrics are pushed there.
 pub const OTLP_INTERVAL_MS: &str = "PLEXSPHERE_OTLP_INTERVAL_MS";
 
-/// What a scope does when the shared store cannot answer, as a knob spells it; a rule's own
-/// fail mode overrides it for the Domains the rule governs.
+/// What a scope does when the shared store cannot answer, as a knob spells it: the rules'
+/// words in lower case. A rule's own fail mode overrides it for the Domains the rule governs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum FailModeKnob {
     /// The request answers 500: no budget was evaluated, and none is invented.
     Closed,
-    /// This replica decides with an in-memory bucket of the same budget until the store
-    /// answers again (each replica then admits the whole budget on its own); a rule's
-    /// `STATIC`.
-    Local,
+    /// This replica's fallback bucket, an in-memory bucket of the same budget, decides until
+    /// the store answers again (each replica then admits at most the whole budget on its own);
+    /// a rule's `STATIC`. Spelt `local` before, which is still accepted.
+    #[value(alias = "local")]
+    Static,
     /// The request is admitted without a decision until the store answers again.
     Open,
 }
@@ -132,7 +133,7 @@ impl From<FailModeKnob> for ratebudget::FailMode {
     fn from(knob: FailModeKnob) -> Self {
         match knob {
             FailModeKnob::Closed => ratebudget::FailMode::Closed,
-            FailModeKnob::Local => ratebudget::FailMode::Local,
+            FailModeKnob::Static => ratebudget::FailMode::Static,
             FailModeKnob::Open => ratebudget::FailMode::Open,
         }
     }

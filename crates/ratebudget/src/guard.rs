@@ -15,7 +15,7 @@
 //! 3. **The fail mode** each take carries ([`Spend::enforcement`], set per take by whoever
 //!    sized it, so a changed rule applies at once) when the store cannot answer or is not
 //!    asked: [`FailMode::Closed`] (the take is [`Undecided`], an HTTP 500),
-//!    [`FailMode::Local`] (an in-memory bucket of the same limit decides, per replica) or
+//!    [`FailMode::Static`] (an in-memory bucket of the same limit decides, per replica) or
 //!    [`FailMode::Open`] (admitted, nothing debited); the latter two log a warning at most
 //!    once a minute per scope. A pair fails by the stricter of its two modes.
 //!
@@ -183,7 +183,7 @@ pub enum Source {
     /// This replica's pre-check, without a statement.
     Precheck,
     /// This replica's in-memory fallback, because the store could not answer and the take
-    /// fails [`FailMode::Local`].
+    /// fails [`FailMode::Static`].
     Fallback,
     /// Nothing: the store could not answer and the take fails [`FailMode::Open`], so it was
     /// admitted without a decision and nothing was debited.
@@ -515,7 +515,7 @@ impl Guard {
                 self.warn_fallback(&classes, fail_mode, &undecided);
                 Ok((Decision::Granted(Grant::FREE), Source::Open))
             }
-            FailMode::Local => {
+            FailMode::Static => {
                 self.warn_fallback(&classes, fail_mode, &undecided);
                 let spends: smallvec::SmallVec<[_; 2]> = entries
                     .iter()
@@ -605,7 +605,7 @@ impl Guard {
                 self.warn_fallback(&[class], fail_mode, &undecided);
                 return Ok((Decision::Granted(Grant::FREE), Source::Open));
             }
-            FailMode::Local => self.warn_fallback(&[class], fail_mode, &undecided),
+            FailMode::Static => self.warn_fallback(&[class], fail_mode, &undecided),
         }
         // The fallback is a token bucket of the same rate and burst: this replica's own
         // approximation of the shared GCRA while the store cannot answer.

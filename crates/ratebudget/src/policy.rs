@@ -19,15 +19,17 @@ use crate::{Key, Limit, Scope};
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// How a take decides when the store cannot answer (it failed, timed out, or its circuit is
-/// open).
+/// open). Each has one name everywhere, the data model's: `CLOSED`, `STATIC`, `OPEN` (a rule's
+/// `fail_mode`, and in lower case the knobs').
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FailMode {
-    /// The take is [`Undecided`](crate::Undecided): callers answer 500. The reference's rule.
+    /// `CLOSED`: the take is [`Undecided`](crate::Undecided), callers answer 500. The
+    /// reference's rule.
     Closed,
-    /// An in-memory bucket of the same limit decides, per replica, until the store answers
-    /// (a rule's `STATIC`).
-    Local,
-    /// The take is admitted without a decision and nothing is debited (a rule's `OPEN`).
+    /// `STATIC`: this replica's fallback bucket, an in-memory bucket of the same limit,
+    /// decides until the store answers. (Spelt `local` as a knob before; still accepted there.)
+    Static,
+    /// `OPEN`: the take is admitted without a decision and nothing is debited.
     Open,
 }
 
@@ -38,11 +40,47 @@ impl FailMode {
     pub fn stricter(self, other: FailMode) -> FailMode {
         match (self, other) {
             (FailMode::Closed, _) | (_, FailMode::Closed) => FailMode::Closed,
-            (FailMode::Local, _) | (_, FailMode::Local) => FailMode::Local,
+            (FailMode::Static, _) | (_, FailMode::Static) => FailMode::Static,
             (FailMode::Open, FailMode::Open) => FailMode::Open,
         }
     }
 }
+
+/// The texts of [`Algorithm`], [`Mode`] and [`FailMode`], each in one place: the data model's
+/// words, which the rules, their table and the operator API use.
+macro_rules! texts {
+    ($type:ty, $($variant:path => $text:literal),+) => {
+        impl $type {
+            /// Every value, in the order their texts are listed.
+            pub const ALL: &'static [$type] = &[$($variant),+];
+
+            /// The value's text.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($variant => $text),+
+                }
+            }
+
+            /// The value a text names, if any.
+            pub fn from_text(text: &str) -> Option<$type> {
+                match text {
+                    $($text => Some($variant),)+
+                    _ => None,
+                }
+            }
+        }
+
+        impl fmt::Display for $type {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+texts!(Algorithm, Algorithm::TokenBucket => "TOKEN_BUCKET", Algorithm::Gcra => "GCRA");
+texts!(Mode, Mode::Enforce => "ENFORCE", Mode::Shadow => "SHADOW");
+texts!(FailMode, FailMode::Closed => "CLOSED", FailMode::Static => "STATIC", FailMode::Open => "OPEN");
 
 /// Whether a refusal refuses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -154,14 +192,14 @@ mod tests {
 
     #[test]
     fn a_pair_fails_by_its_stricter_mode() {
-        use FailMode::{Closed, Local, Open};
+        use FailMode::{Closed, Open, Static};
         for (a, b, both) in [
             (Closed, Closed, Closed),
-            (Closed, Local, Closed),
+            (Closed, Static, Closed),
             (Open, Closed, Closed),
-            (Local, Local, Local),
-            (Local, Open, Local),
-            (Open, Local, Local),
+            (Static, Static, Static),
+            (Static, Open, Static),
+            (Open, Static, Static),
             (Open, Open, Open),
         ] {
             assert_eq!(a.stricter(b), both, "{a:?} with {b:?}");

@@ -138,66 +138,50 @@ impl Selector {
     }
 }
 
-/// Which algorithm decides a rule's takes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Algorithm {
-    /// `TOKEN_BUCKET`: the shared token bucket (the default).
-    TokenBucket,
-    /// `GCRA`: a named GCRA limiter; only for `access_issuance_domain`, the one scope spent
-    /// alone (the others are spent in pairs, in one token-bucket statement).
-    Gcra,
+/// Which algorithm decides a rule's takes: ratebudget's, by the same texts
+/// (`TOKEN_BUCKET`, the default; `GCRA`, only for `access_issuance_domain`, the one scope
+/// spent alone).
+pub use ratebudget::Algorithm;
+/// What a rule's takes do when the shared store cannot answer: `CLOSED` (HTTP 500, the
+/// default), `OPEN` (admitted) or `STATIC` (this replica's fallback bucket decides).
+pub use ratebudget::FailMode;
+/// Whether a rule's refusals refuse: `ENFORCE` (the default) or `SHADOW` (decided and
+/// counted, every request admitted).
+pub use ratebudget::Mode;
+
+/// Reads one of the three from its text, or names `field` and what it must be.
+fn parse_text<T>(
+    text: &str,
+    from_text: fn(&str) -> Option<T>,
+    field: &'static str,
+    reason: &'static str,
+) -> Result<T, InvalidRule> {
+    from_text(text).ok_or(invalid(field, reason))
 }
 
-/// Whether a rule's refusals refuse.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Mode {
-    /// `ENFORCE`: a refusal is a 429 (the default).
-    Enforce,
-    /// `SHADOW`: decisions are made and counted, refusals logged, every request admitted.
-    Shadow,
+/// A rule's algorithm from its text.
+///
+/// # Errors
+/// [`InvalidRule`] on field `algorithm` for any other text.
+pub(crate) fn parse_algorithm(text: &str) -> Result<Algorithm, InvalidRule> {
+    parse_text(text, Algorithm::from_text, "algorithm", "must be TOKEN_BUCKET or GCRA")
 }
 
-/// What a rule's takes do when the shared store cannot answer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum FailMode {
-    /// `CLOSED`: HTTP 500 (the default).
-    Closed,
-    /// `OPEN`: admitted, nothing counted against the budget.
-    Open,
-    /// `STATIC`: decided by this replica's in-memory bucket of the same limit.
-    Static,
+/// A rule's mode from its text.
+///
+/// # Errors
+/// [`InvalidRule`] on field `mode` for any other text.
+pub(crate) fn parse_mode(text: &str) -> Result<Mode, InvalidRule> {
+    parse_text(text, Mode::from_text, "mode", "must be ENFORCE or SHADOW")
 }
 
-/// The text forms of the three enums above, each in one place.
-macro_rules! text_enum {
-    ($type:ty, $field:literal, $reason:literal, $($variant:path => $text:literal),+) => {
-        impl $type {
-            /// The text the API and the table use.
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $($variant => $text),+
-                }
-            }
-
-            /// Reads the text the API and the table use.
-            ///
-            /// # Errors
-            #[doc = concat!("[`InvalidRule`] on field `", $field, "` for any other text.")]
-            pub fn parse(text: &str) -> Result<$type, InvalidRule> {
-                match text {
-                    $($text => Ok($variant),)+
-                    _ => Err(invalid($field, $reason)),
-                }
-            }
-        }
-    };
+/// A rule's fail mode from its text.
+///
+/// # Errors
+/// [`InvalidRule`] on field `fail_mode` for any other text.
+pub(crate) fn parse_fail_mode(text: &str) -> Result<FailMode, InvalidRule> {
+    parse_text(text, FailMode::from_text, "fail_mode", "must be CLOSED, OPEN or STATIC")
 }
-
-text_enum!(Algorithm, "algorithm", "must be TOKEN_BUCKET or GCRA",
-    Algorithm::TokenBucket => "TOKEN_BUCKET", Algorithm::Gcra => "GCRA");
-text_enum!(Mode, "mode", "must be ENFORCE or SHADOW", Mode::Enforce => "ENFORCE", Mode::Shadow => "SHADOW");
-text_enum!(FailMode, "fail_mode", "must be CLOSED, OPEN or STATIC",
-    FailMode::Closed => "CLOSED", FailMode::Open => "OPEN", FailMode::Static => "STATIC");
 
 /// A rule as its writer gives it, before any check. `None` takes the default: `per_ms` 1000,
 /// `TOKEN_BUCKET`, `ENFORCE`, `CLOSED`, priority 0.
@@ -268,7 +252,7 @@ impl RuleDraft {
                 )
             }
         })?;
-        let algorithm = self.algorithm.as_deref().map_or(Ok(Algorithm::TokenBucket), Algorithm::parse)?;
+        let algorithm = self.algorithm.as_deref().map_or(Ok(Algorithm::TokenBucket), parse_algorithm)?;
         if algorithm == Algorithm::Gcra && scope != Scope::AccessIssuanceDomain {
             return Err(invalid(
                 "algorithm",
@@ -283,8 +267,8 @@ impl RuleDraft {
                 invalid(field, unfit.reason)
             })?;
         }
-        let mode = self.mode.as_deref().map_or(Ok(Mode::Enforce), Mode::parse)?;
-        let fail_mode = self.fail_mode.as_deref().map_or(Ok(FailMode::Closed), FailMode::parse)?;
+        let mode = self.mode.as_deref().map_or(Ok(Mode::Enforce), parse_mode)?;
+        let fail_mode = self.fail_mode.as_deref().map_or(Ok(FailMode::Closed), parse_fail_mode)?;
         let priority = i32::try_from(self.priority.unwrap_or(0))
             .map_err(|_| invalid("priority", "must be a whole number from -2147483648 to 2147483647"))?;
         Ok(RuleSpec {
@@ -374,6 +358,37 @@ impl RuleSpec {
     /// Which rule wins among several at one level: the highest.
     pub fn priority(&self) -> i32 {
         self.priority
+    }
+
+    /// The policy a take governed by this rule carries; its decisions are counted under
+    /// `rule`, the number the take hands back to the observer.
+    pub fn policy(&self, rule: ratebudget::RuleRef) -> ratebudget::Policy {
+        ratebudget::Policy {
+            limit: self.limit,
+            algorithm: self.algorithm,
+            enforcement: ratebudget::Enforcement {
+                mode: self.mode,
+                fail_mode: self.fail_mode,
+                rule: Some(rule),
+            },
+        }
+    }
+
+    /// Whether a change of a rule from `old` to `new` (either absent: added or deleted) may
+    /// let a budget grow: anything but the same rule selecting the same Domains at the same
+    /// priority with the same algorithm, at a rate and burst no larger. (A rule added or
+    /// removed changes which rule governs, which may grow a budget.) What a replica's
+    /// pre-check learned under the old rule must then be forgotten, or it would refuse, for a
+    /// moment, what the new one admits.
+    pub fn may_grow(old: Option<&RuleSpec>, new: Option<&RuleSpec>) -> bool {
+        let (Some(old), Some(new)) = (old, new) else {
+            return old.is_some() || new.is_some();
+        };
+        let same_place = (old.scope, old.selector, old.priority, old.algorithm)
+            == (new.scope, new.selector, new.priority, new.algorithm);
+        let no_larger =
+            new.limit.per_second() <= old.limit.per_second() && new.limit.burst() <= old.limit.burst();
+        !(same_place && no_larger)
     }
 }
 

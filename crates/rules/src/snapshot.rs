@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use ratebudget::Scope;
 use uuid::Uuid;
 
-use crate::{Rule, Selector, Tier};
+use crate::{Rule, RuleId, RuleSpec, Selector, Tier};
 
 /// The level a rule governs at, most specific first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -72,6 +72,28 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// Where the rules that may have grown between `older` and this snapshot govern:
+    /// (scope, selector) of each, before and after ([`RuleSpec::may_grow`]), so a replica can forget
+    /// what it learned of those buckets.
+    pub fn grown_since(&self, older: &Snapshot) -> std::collections::HashSet<(Scope, Selector)> {
+        use std::collections::{HashMap, HashSet};
+        let by_id = |snapshot: &Snapshot| -> HashMap<RuleId, RuleSpec> {
+            snapshot.rules().iter().map(|rule| (rule.id.clone(), rule.spec)).collect()
+        };
+        let (old, new) = (by_id(older), by_id(self));
+        let ids: HashSet<&RuleId> = old.keys().chain(new.keys()).collect();
+        let mut grown = HashSet::new();
+        for id in ids {
+            let (before, after) = (old.get(id), new.get(id));
+            if RuleSpec::may_grow(before, after) {
+                for spec in before.into_iter().chain(after) {
+                    grown.insert((spec.scope(), spec.selector()));
+                }
+            }
+        }
+        grown
+    }
+
     /// Compiles `rules`, which are the rules as of `revision`.
     pub fn compile(revision: i64, rules: Vec<Rule>) -> Snapshot {
         let mut ranked: HashMap<(Scope, Selector), Vec<usize>> = HashMap::new();
@@ -147,6 +169,101 @@ mod tests {
             created_by: Actor::new("test").unwrap(),
             updated_at: Utc::now(),
         }
+    }
+
+    fn sized(id: &str, selector: Selector, rate: f64, burst: f64, priority: i64) -> Rule {
+        let mut rule = rule(id, Scope::SecretReadNode, selector, priority);
+        rule.spec = RuleDraft {
+            scope: "secret_read_node".into(),
+            selector,
+            rate,
+            per_ms: None,
+            burst,
+            algorithm: None,
+            mode: None,
+            fail_mode: None,
+            priority: Some(priority),
+        }
+        .validate()
+        .unwrap();
+        rule
+    }
+
+    #[test]
+    fn a_rule_may_grow_a_budget_unless_it_stays_where_it_was_and_no_larger() {
+        let acme = Uuid::new_v4();
+        let before = Snapshot::compile(
+            1,
+            vec![
+                sized("same", Selector::AllDomains, 10.0, 20.0, 0),
+                sized("shrinks", Selector::Domain(acme), 10.0, 20.0, 0),
+                sized("grows", Selector::Tier(Tier::Premium), 10.0, 20.0, 0),
+                sized("moves", Selector::Tier(Tier::Free), 10.0, 20.0, 0),
+                sized("goes", Selector::Tier(Tier::Enterprise), 1.0, 1.0, 0),
+                sized("reranks", Selector::Tier(Tier::Standard), 1.0, 1.0, 0),
+            ],
+        );
+        let after = Snapshot::compile(
+            2,
+            vec![
+                sized("same", Selector::AllDomains, 10.0, 20.0, 0),
+                sized("shrinks", Selector::Domain(acme), 5.0, 10.0, 0),
+                sized("grows", Selector::Tier(Tier::Premium), 10.0, 21.0, 0),
+                sized("moves", Selector::Domain(acme), 10.0, 20.0, 0),
+                sized("reranks", Selector::Tier(Tier::Standard), 1.0, 1.0, 3),
+                sized("comes", Selector::AllDomains, 1.0, 1.0, 0),
+            ],
+        );
+        let reads = Scope::SecretReadNode;
+        let grown = after.grown_since(&before);
+        let expected: std::collections::HashSet<(Scope, Selector)> = [
+            Selector::Tier(Tier::Premium),
+            Selector::Tier(Tier::Free),
+            Selector::Domain(acme),
+            Selector::Tier(Tier::Enterprise),
+            Selector::Tier(Tier::Standard),
+            Selector::AllDomains,
+        ]
+        .into_iter()
+        .map(|selector| (reads, selector))
+        .collect();
+        assert_eq!(grown, expected);
+        // Only the rule that stayed and shrank, and the one that stayed, do not grow.
+        let spec = |snapshot: &Snapshot, id: &str| {
+            snapshot.rules().iter().find(|rule| rule.id.as_str() == id).unwrap().spec
+        };
+        assert!(!RuleSpec::may_grow(Some(&spec(&before, "shrinks")), Some(&spec(&after, "shrinks"))));
+        assert!(!RuleSpec::may_grow(Some(&spec(&before, "same")), Some(&spec(&after, "same"))));
+        assert!(RuleSpec::may_grow(None, Some(&spec(&after, "comes"))));
+        assert!(RuleSpec::may_grow(Some(&spec(&before, "goes")), None));
+    }
+
+    #[test]
+    fn a_rule_gives_its_takes_its_limit_algorithm_mode_and_fail_mode() {
+        let mut draft = RuleDraft {
+            scope: "access_issuance_domain".into(),
+            selector: Selector::AllDomains,
+            rate: 2.0,
+            per_ms: None,
+            burst: 10.0,
+            algorithm: Some("GCRA".into()),
+            mode: Some("SHADOW".into()),
+            fail_mode: Some("STATIC".into()),
+            priority: None,
+        };
+        let policy = draft.clone().validate().unwrap().policy(ratebudget::RuleRef(7));
+        assert_eq!(policy.limit, ratebudget::Limit::new(2.0, 10.0).unwrap());
+        assert_eq!(policy.algorithm, ratebudget::Algorithm::Gcra);
+        assert_eq!(
+            policy.enforcement,
+            ratebudget::Enforcement {
+                mode: ratebudget::Mode::Shadow,
+                fail_mode: ratebudget::FailMode::Static,
+                rule: Some(ratebudget::RuleRef(7)),
+            }
+        );
+        draft.fail_mode = Some("LOCAL".into());
+        assert_eq!(draft.validate().unwrap_err().field, "fail_mode", "a rule's words are the data model's");
     }
 
     /// The precedence table: for each Domain and tier, which rule governs which scope.

@@ -292,3 +292,12 @@ fn an_otlp_endpoint_that_is_not_a_plain_http_url_is_refused_by_name() {
         rejects(&[(OTLP_ENDPOINT, "http://collector:4318"), (OTLP_INTERVAL_MS, interval)], OTLP_INTERVAL_MS);
     }
 }
+
+#[test]
+fn the_fallback_fail_mode_is_static_as_in_the_rules_and_local_still_reads() {
+    // Issue 22: one name for the fallback's mode everywhere; the knob's old spelling works.
+    for spelling in ["static", "local"] {
+        let config = parse(&[(SECRET_READ_NODE_FAIL_MODE, spelling)]).unwrap();
+        assert_eq!(config.fail_modes[&Scope::SecretReadNode], FailMode::Static, "{spelling}");
+    }
+}

@@ -15,7 +15,6 @@ use super::auth::Operator;
 use super::error::unknown_domain;
 use super::rule_routes::Fields;
 use super::{bodies, parse_uuid, read_body, ApiError, AppState, PathParams, NO_STORE, OPERATOR_BODY_LIMIT};
-use crate::budgets::rule_fail_mode;
 
 #[derive(Serialize)]
 pub(super) struct DomainBody {
@@ -137,7 +136,7 @@ fn issuance_override(
         burst,
         algorithm: None,
         mode: None,
-        fail_mode: Some(rule_fail_mode(default.enforcement.fail_mode).as_str().to_owned()),
+        fail_mode: Some(default.enforcement.fail_mode.as_str().to_owned()),
         priority: None,
     };
     draft.validate().map_err(|invalid| {
@@ -240,15 +239,9 @@ pub(super) async fn domain_limits(
                 scope: explained.scope.as_str(),
                 per_second: explained.policy.limit.per_second(),
                 burst: explained.policy.limit.burst(),
-                algorithm: match explained.policy.algorithm {
-                    ratebudget::Algorithm::TokenBucket => rules::Algorithm::TokenBucket.as_str(),
-                    ratebudget::Algorithm::Gcra => rules::Algorithm::Gcra.as_str(),
-                },
-                mode: match enforcement.mode {
-                    ratebudget::Mode::Enforce => rules::Mode::Enforce.as_str(),
-                    ratebudget::Mode::Shadow => rules::Mode::Shadow.as_str(),
-                },
-                fail_mode: rule_fail_mode(enforcement.fail_mode).as_str(),
+                algorithm: explained.policy.algorithm.as_str(),
+                mode: enforcement.mode.as_str(),
+                fail_mode: enforcement.fail_mode.as_str(),
                 governed_by: match &explained.governed_by {
                     Some((level, rule)) => {
                         GovernedBy { level: level.as_str(), rule: Some(rule_fields(rule)) }

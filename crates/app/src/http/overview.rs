@@ -185,9 +185,9 @@ pub(super) async fn fill(
                         limit
                             .level(ratebudget::Fill { tokens: row.tokens, refilled_at: row.refilled_at }, now)
                     });
-                    (rules::Algorithm::TokenBucket.as_str(), Some(level))
+                    (explained.policy.algorithm.as_str(), Some(level))
                 }
-                ratebudget::Algorithm::Gcra => (rules::Algorithm::Gcra.as_str(), None),
+                ratebudget::Algorithm::Gcra => (explained.policy.algorithm.as_str(), None),
             };
             let history = state
                 .fill

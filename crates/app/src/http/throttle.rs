@@ -71,7 +71,7 @@ impl AuthThrottle {
             // Failed authentications keep being throttled per replica while the store cannot
             // answer: the alternative is an unthrottled guesser, or a 500 for a client whose
             // credentials were simply wrong.
-            .with_enforcement(Enforcement { fail_mode: FailMode::Local, ..Enforcement::STRICT });
+            .with_enforcement(Enforcement { fail_mode: FailMode::Static, ..Enforcement::STRICT });
         // Only a router driven without a socket (a unit test) has no peer.
         let client = PeerAddress::behind(trusted_proxies).or_fallback("unknown");
         AuthThrottle { budget, client, logged: Arc::default() }

@@ -136,15 +136,17 @@ fn an_etag_is_the_version_in_quotes_and_a_weak_one_never_matches() {
 
 #[test]
 fn text_forms_read_back() {
-    for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
-        assert_eq!(Algorithm::parse(algorithm.as_str()), Ok(algorithm));
+    for algorithm in Algorithm::ALL {
+        assert_eq!(parse_algorithm(algorithm.as_str()), Ok(*algorithm));
     }
-    for mode in [Mode::Enforce, Mode::Shadow] {
-        assert_eq!(Mode::parse(mode.as_str()), Ok(mode));
+    for mode in Mode::ALL {
+        assert_eq!(parse_mode(mode.as_str()), Ok(*mode));
     }
-    for fail_mode in [FailMode::Closed, FailMode::Open, FailMode::Static] {
-        assert_eq!(FailMode::parse(fail_mode.as_str()), Ok(fail_mode));
+    for fail_mode in FailMode::ALL {
+        assert_eq!(parse_fail_mode(fail_mode.as_str()), Ok(*fail_mode));
     }
+    // The rules' words are ratebudget's, one vocabulary: the fallback's mode is STATIC.
+    assert_eq!(FailMode::Static.as_str(), "STATIC");
     for tier in Tier::ALL {
         assert_eq!(Tier::parse(tier.as_str()), Some(tier));
     }
