@@ -116,3 +116,87 @@ fn the_readme_documents_every_knob() {
         assert!(readme.contains(&format!("`{knob}`")), "README.md does not document {knob}");
     }
 }
+
+/// The top-level module `file` belongs to (`http` for `src/http/auth.rs`), or `None` for the
+/// crate root.
+fn top_module(src: &Path, file: &Path) -> Option<String> {
+    let relative = file.strip_prefix(src).unwrap();
+    let first = relative.components().next().unwrap().as_os_str().to_str().unwrap();
+    let module = first.trim_end_matches(".rs");
+    (module != "lib" && module != "main").then(|| module.to_owned())
+}
+
+/// The crate's top-level modules each of `files` names through `crate::` (a path, or a
+/// `use crate::{...}` list).
+fn crate_imports(code: &str) -> Vec<String> {
+    let mut named = Vec::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("crate::") {
+        rest = &rest[at + "crate::".len()..];
+        if let Some(list) = rest.strip_prefix('{') {
+            let list = &list[..list.find('}').unwrap_or(list.len())];
+            named.extend(list.split(',').filter_map(|item| {
+                let module = item.trim().split("::").next()?.trim();
+                (!module.is_empty() && module != "self").then(|| module.to_owned())
+            }));
+        } else {
+            let end = rest.find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'));
+            named.push(rest[..end.unwrap_or(rest.len())].to_owned());
+        }
+    }
+    named.retain(|module| module.chars().next().is_some_and(|c| c.is_ascii_lowercase()));
+    named
+}
+
+#[test]
+fn only_the_root_modules_name_the_http_adapter() {
+    // Issue 22: app's modules sit under its HTTP adapter; only the command line and the
+    // wiring reach up to it.
+    let src = workspace().join("crates/app/src");
+    for file in rust_files(&src) {
+        let module = top_module(&src, &file);
+        if matches!(module.as_deref(), Some("cli" | "startup" | "http") | None) {
+            continue;
+        }
+        for line in code_lines(&file) {
+            assert!(
+                !crate_imports(&line).iter().any(|named| named == "http"),
+                "{} names crate::http: {line}",
+                file.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn no_crate_has_an_import_cycle_between_its_modules() {
+    for entry in fs::read_dir(workspace().join("crates")).unwrap() {
+        let src = entry.unwrap().path().join("src");
+        if !src.is_dir() {
+            continue;
+        }
+        let mut imports: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
+            std::collections::BTreeMap::new();
+        for file in rust_files(&src) {
+            let Some(module) = top_module(&src, &file) else { continue };
+            let code = code_lines(&file).join("\n");
+            let named: Vec<String> =
+                crate_imports(&code).into_iter().filter(|named| *named != module).collect();
+            imports.entry(module).or_default().extend(named);
+        }
+        // A module that reaches itself again through what it imports is on a cycle.
+        for start in imports.keys() {
+            let mut seen = std::collections::BTreeSet::new();
+            let mut path = vec![(start.clone(), vec![start.clone()])];
+            while let Some((module, trail)) = path.pop() {
+                for next in imports.get(&module).into_iter().flatten() {
+                    let trail = [trail.clone(), vec![next.clone()]].concat();
+                    assert!(next != start, "{}: import cycle {}", src.display(), trail.join(" → "));
+                    if seen.insert(next.clone()) {
+                        path.push((next.clone(), trail));
+                    }
+                }
+            }
+        }
+    }
+}

@@ -8,9 +8,10 @@
 //! - the tier directory: every Domain whose tier is not the default (the access context owns
 //!   tiers; the rules only select by them).
 //!
-//! [`follow`] keeps both current: it listens for the notification every change sends at
-//! commit, so a rule written through any replica governs this one's decisions within
-//! milliseconds, and it compares the two revisions with the database every
+//! [`follow`] keeps both current: it hears, through the replica's listener
+//! ([`crate::listener`], [`followers`]), the notification every change sends at commit, so a
+//! rule written through any replica governs this one's decisions within milliseconds, and it
+//! compares the two revisions with the database every
 //! `PLEXSPHERE_RULES_POLL_INTERVAL_MS`, the backstop for a notification missed on a
 //! connection that died silently. When the listener (re)connects it reads both again, since
 //! whatever changed while nobody listened is unknown. Every load replaces the whole snapshot
@@ -18,7 +19,7 @@
 //! held is never installed, so concurrent loads cannot go back in time.
 //!
 //! A change that may let a budget grow makes the guard forget what its pre-check knew of the
-//! buckets the change governs ([`ratebudget::Guard::forget_scope`]): what it learned under the
+//! buckets the change governs ([`ratebudget::Guard::forget_every_bucket_of`]): what it learned under the
 //! old budget would otherwise refuse, for a moment, what the new one admits.
 //!
 //! Until both have been loaded once, no take is decided (a 500, never a refusal) and the
@@ -28,15 +29,15 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use ratebudget::{BoxError, Enforcement, Guard, Key, Policy, RuleRef, Scope};
+use ratebudget::{BoxError, Enforcement, Guard, Key, Policy, Scope};
+use rules::RuleRefs;
 use rules::{Level, Rule, Selector, Snapshot};
-use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::config::{Config, Limits};
-use crate::http::cause_chain;
 use crate::metrics::LimitsReading;
+use crate::telemetry::cause_chain;
 
 /// A Domain's tier as the rules select by it: the same four, by the same text.
 pub fn rules_tier(tier: access::Tier) -> rules::Tier {
@@ -45,42 +46,6 @@ pub fn rules_tier(tier: access::Tier) -> rules::Tier {
         access::Tier::Standard => rules::Tier::Standard,
         access::Tier::Premium => rules::Tier::Premium,
         access::Tier::Enterprise => rules::Tier::Enterprise,
-    }
-}
-
-/// The small numbers takes carry for rules ([`RuleRef`]) and the rule ids they stand for.
-///
-/// A rule keeps its number for the life of the process, across snapshots, so a count made
-/// under one snapshot is still the same rule's when it is flushed under the next. The table
-/// grows by one id per rule ever loaded: rules are operator-written, thousands at most.
-#[derive(Clone, Debug, Default)]
-pub struct RuleRefs(Arc<RwLock<Interned>>);
-
-#[derive(Debug, Default)]
-struct Interned {
-    ids: Vec<rules::RuleId>,
-    numbers: HashMap<rules::RuleId, u32>,
-}
-
-impl RuleRefs {
-    /// The number of `id`, given it the first time it is seen.
-    pub fn intern(&self, id: &rules::RuleId) -> RuleRef {
-        if let Some(number) = read(&self.0).numbers.get(id) {
-            return RuleRef(*number);
-        }
-        let mut interned = write(&self.0);
-        if let Some(number) = interned.numbers.get(id) {
-            return RuleRef(*number);
-        }
-        let number = u32::try_from(interned.ids.len()).unwrap_or(u32::MAX);
-        interned.ids.push(id.clone());
-        interned.numbers.insert(id.clone(), number);
-        RuleRef(number)
-    }
-
-    /// The id `reference` stands for.
-    pub fn id(&self, reference: RuleRef) -> Option<rules::RuleId> {
-        read(&self.0).ids.get(reference.0 as usize).cloned()
     }
 }
 
@@ -352,72 +317,107 @@ pub struct Sources {
     pub access: access::AccessService,
 }
 
-/// How long after a failed listen the listener tries again.
-const RELISTEN_AFTER: Duration = Duration::from_secs(1);
+/// What the listener tells the rules follower.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Heard {
+    /// The listener (re)connected: whatever changed while nobody listened is unknown.
+    Connected,
+    /// A rule changed; the payload is the revision it made, if it reads as one.
+    Rules(Option<i64>),
+    /// A Domain's tier changed.
+    Tiers,
+}
 
-/// Keeps `budgets` current until `shutdown`: listens for every change on `pool`'s connection
-/// (reading both again on every (re)connection), and checks the revisions every `poll`.
+/// The rules and tiers channels' followers ([`crate::listener`]) for [`follow`]: they pass
+/// what they hear to its task, which reads the database.
+pub fn followers() -> (Vec<Box<dyn crate::listener::Follower>>, Hearing) {
+    let (tell, heard) = tokio::sync::mpsc::unbounded_channel();
+    let followers: Vec<Box<dyn crate::listener::Follower>> = vec![
+        Box::new(Changes { channel: rules::CHANGES_CHANNEL, tell: tell.clone() }),
+        Box::new(Changes { channel: access::TIER_CHANNEL, tell }),
+    ];
+    (followers, Hearing(heard))
+}
+
+/// What [`follow`] hears of the listener.
+pub struct Hearing(tokio::sync::mpsc::UnboundedReceiver<Heard>);
+
+/// One channel's follower: tells [`follow`] what it heard.
+struct Changes {
+    channel: &'static str,
+    tell: tokio::sync::mpsc::UnboundedSender<Heard>,
+}
+
+impl crate::listener::Follower for Changes {
+    fn channel(&self) -> &'static str {
+        self.channel
+    }
+
+    fn resume(&self) {
+        // Both followers resume at once; reading twice costs a statement, and the newer
+        // snapshot wins whichever lands last.
+        if self.channel == rules::CHANGES_CHANNEL {
+            let _ = self.tell.send(Heard::Connected);
+        }
+    }
+
+    /// The poll is the backstop while nobody listens.
+    fn suspend(&self) {}
+
+    fn apply(&self, payload: &str) {
+        let heard = if self.channel == rules::CHANGES_CHANNEL {
+            Heard::Rules(payload.parse().ok())
+        } else {
+            Heard::Tiers
+        };
+        let _ = self.tell.send(heard);
+    }
+}
+
+/// Keeps `budgets` current until `shutdown`: reloads on what the listener hears (both on every
+/// (re)connection, the one that changed on each announcement), and checks the revisions every
+/// `poll`, the backstop for a notification missed on a connection that died silently.
 pub async fn follow(
     budgets: Arc<RuleBudgets>,
-    pool: PgPool,
     sources: Sources,
+    Hearing(mut heard): Hearing,
     poll: Duration,
     shutdown: CancellationToken,
 ) {
-    tokio::join!(
-        listen(&budgets, &pool, &sources, &shutdown),
-        check_every(&budgets, &sources, poll, &shutdown)
-    );
-}
-
-async fn listen(budgets: &RuleBudgets, pool: &PgPool, sources: &Sources, shutdown: &CancellationToken) {
+    let mut next_check = tokio::time::Instant::now() + poll;
     loop {
-        let mut listener = loop {
-            let connected = async {
-                let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
-                listener.listen_all([rules::CHANGES_CHANNEL, access::TIER_CHANNEL]).await?;
-                Ok::<_, sqlx::Error>(listener)
-            };
-            match connected.await {
-                Ok(listener) => break listener,
-                Err(error) => {
-                    tracing::warn!(%error, "cannot listen for rule and tier changes; retrying");
-                    tokio::select! {
-                        () = shutdown.cancelled() => return,
-                        () = tokio::time::sleep(RELISTEN_AFTER) => {}
+        let event = tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep_until(next_check) => None,
+            event = heard.recv() => match event {
+                Some(event) => Some(event),
+                // The listener is gone (shutdown): the poll alone keeps the rules current.
+                None => {
+                    std::future::pending::<()>().await;
+                    None
+                }
+            },
+        };
+        match event {
+            None => {
+                next_check = tokio::time::Instant::now() + poll;
+                if let Err(error) = budgets.check(&sources).await {
+                    tracing::warn!(error = %cause_chain(error.as_ref()), "cannot check the rate-budget rules and Domain tiers are current");
+                }
+            }
+            Some(Heard::Connected) => reload(&budgets, &sources).await,
+            Some(Heard::Rules(announced)) => {
+                let held = read(&budgets.state).rules.as_ref().map(|rules| rules.snapshot.revision());
+                // Notifications of changes a load already holds cost nothing.
+                if announced.is_none() || held < announced {
+                    if let Err(error) = budgets.reload_rules(&sources.rules).await {
+                        tracing::warn!(error = %cause_chain(&error), "cannot reload the rate-budget rules; the poll will retry");
                     }
                 }
             }
-        };
-        // Whatever changed while nobody listened is unknown.
-        reload(budgets, sources).await;
-        loop {
-            let message = tokio::select! {
-                () = shutdown.cancelled() => return,
-                message = listener.try_recv() => message,
-            };
-            match message {
-                Ok(Some(notification)) if notification.channel() == rules::CHANGES_CHANNEL => {
-                    let held = read(&budgets.state).rules.as_ref().map(|rules| rules.snapshot.revision());
-                    let announced: Option<i64> = notification.payload().parse().ok();
-                    // Notifications of changes a load already holds cost nothing.
-                    if announced.is_none() || held < announced {
-                        if let Err(error) = budgets.reload_rules(&sources.rules).await {
-                            tracing::warn!(error = %cause_chain(&error), "cannot reload the rate-budget rules; the poll will retry");
-                        }
-                    }
-                }
-                Ok(Some(_)) => {
-                    if let Err(error) = budgets.reload_tiers(&sources.access).await {
-                        tracing::warn!(error = %cause_chain(&error), "cannot reload the Domain tiers; the poll will retry");
-                    }
-                }
-                // The connection was lost; try_recv reconnects on the next call, but what was
-                // sent in between is gone.
-                Ok(None) => reload(budgets, sources).await,
-                Err(error) => {
-                    tracing::warn!(%error, "lost the rule and tier listener; reconnecting");
-                    break;
+            Some(Heard::Tiers) => {
+                if let Err(error) = budgets.reload_tiers(&sources.access).await {
+                    tracing::warn!(error = %cause_chain(&error), "cannot reload the Domain tiers; the poll will retry");
                 }
             }
         }
@@ -427,18 +427,6 @@ async fn listen(budgets: &RuleBudgets, pool: &PgPool, sources: &Sources, shutdow
 async fn reload(budgets: &RuleBudgets, sources: &Sources) {
     if let Err(error) = budgets.reload(sources).await {
         tracing::warn!(error = %cause_chain(error.as_ref()), "cannot load the rate-budget rules and Domain tiers; the poll will retry");
-    }
-}
-
-async fn check_every(budgets: &RuleBudgets, sources: &Sources, poll: Duration, shutdown: &CancellationToken) {
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(poll) => {}
-        }
-        if let Err(error) = budgets.check(sources).await {
-            tracing::warn!(error = %cause_chain(error.as_ref()), "cannot check the rate-budget rules and Domain tiers are current");
-        }
     }
 }
 

@@ -29,7 +29,6 @@ use std::time::Duration;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection, PgConnection};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -77,17 +76,17 @@ impl Leadership {
     }
 }
 
-/// Starts the elector; it runs until `shutdown` is cancelled and then releases the lock.
-pub fn spawn(
+/// The elector, to run until `shutdown` is cancelled (it then releases the lock), and the
+/// leadership it keeps current.
+pub fn elector(
     database: PgConnectOptions,
     timing: LeaderTiming,
     metrics: Metrics,
     shutdown: CancellationToken,
-) -> (Leadership, JoinHandle<()>) {
+) -> (Leadership, impl std::future::Future<Output = ()> + Send + 'static) {
     let (tell, leading) = watch::channel(false);
     let elector = Elector { database: leader_session_options(database), timing, metrics, tell };
-    let task = tokio::spawn(elector.run(shutdown));
-    (Leadership { leading }, task)
+    (Leadership { leading }, elector.run(shutdown))
 }
 
 /// Who holds the leader lock, as the database's own tables tell it: what the operator page

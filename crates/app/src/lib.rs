@@ -5,6 +5,7 @@
 pub mod budgets;
 pub mod cli;
 pub mod config;
+pub mod credentials;
 pub mod fill;
 pub mod http;
 pub mod leader;
@@ -17,7 +18,6 @@ pub mod revocations;
 pub mod startup;
 pub mod sweep;
 pub mod telemetry;
-pub mod usage;
 
 use std::sync::LazyLock;
 

@@ -8,19 +8,20 @@
 //! The limiters decide through a [`ratebudget::Guard`], which tells its [`Observer`] about
 //! each decision on the deciding request's own task.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use ratebudget::{Decision, Enforcement, Observer, RuleRef, Scope, Source, Take, Undecided, Which};
+use ratebudget_tower::Reading;
 use smallvec::SmallVec;
 
-use crate::budgets::RuleRefs;
 use crate::fill::{Decided, FillHistory};
-use crate::http::rate_limit_headers;
 use crate::metrics::{Metrics, Outcome};
-use crate::usage::{Counted, Usage};
+use rules::{Counted, RuleRefs, Usage};
 
 /// The budgets a take spends, as the observer counts them: the position, the scope, and its
 /// enforcement. A named take counts under the scope it stands for, when it stands for one.
@@ -219,8 +220,8 @@ impl Observer for DecisionObserver {
                 }
             }
         }
-        if let Some(reading) = ratebudget_tower::Reading::binding(take, decision, now) {
-            rate_limit_headers::record(reading);
+        if let Some(reading) = Reading::binding(take, decision, now) {
+            record_reading(reading);
         }
     }
 
@@ -245,4 +246,25 @@ impl Observer for DecisionObserver {
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // The log's bookkeeping is replaced whole; a panic cannot tear it.
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+tokio::task_local! {
+    /// The readings of the decisions made on a task inside [`collect_readings`].
+    static READINGS: RefCell<Vec<Reading>>;
+}
+
+/// Runs `work`, collecting what each decision it makes says about its binding bucket (the
+/// `RateLimit` fields of a response, `crate::http::rate_limit_headers`).
+pub async fn collect_readings<T>(work: impl Future<Output = T>) -> (T, Vec<Reading>) {
+    READINGS
+        .scope(RefCell::new(Vec::new()), async {
+            let output = work.await;
+            (output, READINGS.with(RefCell::take))
+        })
+        .await
+}
+
+/// Notes a reading for the work [`collect_readings`] runs; outside it, it is dropped.
+fn record_reading(reading: Reading) {
+    let _ = READINGS.try_with(|readings| readings.borrow_mut().push(reading));
 }

@@ -1,11 +1,14 @@
-//! Following the database's announcements on a channel, to keep a per-replica cache in step.
+//! Following the database's announcements, to keep what a replica holds in step with every
+//! other replica's changes: one connection, LISTENing on every channel, telling each follower
+//! what arrives on its own.
 //!
-//! A change that must reach every replica at once (a revoked Node, a changed secret) is
-//! announced by a trigger when its transaction commits; each replica LISTENs on a connection
-//! of its own and tells its cache. An announcement sent while the listener is not connected is
-//! lost, so a cache is used only while its listener is: a lost connection suspends it (every
-//! request asks the store) until the listener is back, and then it resumes empty
-//! (docs/adr/0011).
+//! A change that must reach every replica at once (a reset bucket, a changed rule or tier, a
+//! revoked Node, a changed secret) is announced when its transaction commits. An announcement
+//! sent while the listener is not connected is lost, so what a follower keeps is used only
+//! while the listener is connected: a lost connection suspends every follower (a cache is then
+//! not used; every request asks the store) until the listener is back, and then each resumes
+//! as if it had missed everything (a cache empty, the guard's pre-check forgetting, the rules
+//! read again) (docs/adr/0011).
 
 use std::time::Duration;
 
@@ -13,62 +16,56 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::ConnectOptions;
 use tokio_util::sync::CancellationToken;
 
-/// How long a listener waits before connecting again after a failure.
+/// How long the listener waits before connecting again after a failure.
 const RETRY: Duration = Duration::from_millis(500);
 
-/// What a listener keeps in step, and how.
+/// What the listener keeps in step, and how.
 pub trait Follower: Send + Sync {
-    /// The channel it listens on.
+    /// The channel it follows.
     fn channel(&self) -> &'static str;
 
-    /// The listener is connected: use the cache again, empty.
+    /// The listener is connected (again): whatever was announced meanwhile is unknown.
     fn resume(&self);
 
-    /// The listener is not connected: stop using the cache, since changes may go unheard.
+    /// The listener is not connected: changes may go unheard until it is back.
     fn suspend(&self);
 
     /// One announcement's payload.
     fn apply(&self, payload: &str);
 }
 
-/// Listens for `follower` until `shutdown` is cancelled, on a connection of its own named
-/// `application_name`.
-pub async fn run(
-    database: PgConnectOptions,
-    application_name: &'static str,
-    follower: impl Follower,
-    shutdown: CancellationToken,
-) {
-    // One connection, for this listener only.
+/// Listens for every one of `followers` until `shutdown` is cancelled, on one connection of
+/// its own, the replica's only LISTENing session.
+pub async fn run(database: PgConnectOptions, followers: Vec<Box<dyn Follower>>, shutdown: CancellationToken) {
     let pool =
         PgPoolOptions::new().max_connections(1).acquire_timeout(Duration::from_secs(10)).connect_lazy_with(
-            database.application_name(application_name).log_statements(tracing::log::LevelFilter::Trace),
+            database.application_name("plexsphere-listener").log_statements(tracing::log::LevelFilter::Trace),
         );
-    let channel = follower.channel();
+    let channels: Vec<&'static str> = followers.iter().map(|follower| follower.channel()).collect();
     let mut connected_before = false;
     loop {
         let listener = tokio::select! {
             () = shutdown.cancelled() => break,
-            listener = listen(&pool, channel) => listener,
+            listener = listen(&pool, &channels) => listener,
         };
         match listener {
             Ok(listener) => {
-                follower.resume();
+                followers.iter().for_each(|follower| follower.resume());
                 if connected_before {
-                    tracing::info!(channel, "listener reconnected; its cache is in use again");
+                    tracing::info!(?channels, "listener reconnected; what it keeps in step is in use again");
                 }
                 connected_before = true;
-                if receive(listener, &follower, &shutdown).await.is_break() {
+                if receive(listener, &followers, &shutdown).await.is_break() {
                     break;
                 }
-                follower.suspend();
+                followers.iter().for_each(|follower| follower.suspend());
                 tracing::warn!(
-                    channel,
-                    "listener lost its connection; every request asks the store until it is back"
+                    ?channels,
+                    "listener lost its connection; caches are not used until it is back"
                 );
             }
             Err(error) => {
-                tracing::warn!(channel, %error, "listener cannot connect; retrying");
+                tracing::warn!(?channels, %error, "listener cannot connect; retrying");
                 tokio::select! {
                     () = shutdown.cancelled() => break,
                     () = tokio::time::sleep(RETRY) => {}
@@ -76,23 +73,23 @@ pub async fn run(
             }
         }
     }
-    follower.suspend();
+    followers.iter().for_each(|follower| follower.suspend());
     pool.close().await;
 }
 
-async fn listen(pool: &sqlx::PgPool, channel: &str) -> Result<PgListener, sqlx::Error> {
+async fn listen(pool: &sqlx::PgPool, channels: &[&'static str]) -> Result<PgListener, sqlx::Error> {
     let mut listener = PgListener::connect_with(pool).await?;
-    // On a lost connection, return at once instead of reconnecting inside try_recv: the cache
-    // must be suspended before anything else happens.
+    // On a lost connection, return at once instead of reconnecting inside try_recv: the
+    // followers must be suspended before anything else happens.
     listener.eager_reconnect(false);
-    listener.listen(channel).await?;
+    listener.listen_all(channels.iter().copied()).await?;
     Ok(listener)
 }
 
 /// Applies announcements until the connection is lost (`Continue`) or shutdown (`Break`).
 async fn receive(
     mut listener: PgListener,
-    follower: &impl Follower,
+    followers: &[Box<dyn Follower>],
     shutdown: &CancellationToken,
 ) -> std::ops::ControlFlow<()> {
     loop {
@@ -101,10 +98,13 @@ async fn receive(
             notification = listener.try_recv() => notification,
         };
         match notification {
-            Ok(Some(notification)) => follower.apply(notification.payload()),
+            Ok(Some(notification)) => followers
+                .iter()
+                .filter(|follower| follower.channel() == notification.channel())
+                .for_each(|follower| follower.apply(notification.payload())),
             Ok(None) => return std::ops::ControlFlow::Continue(()),
             Err(error) => {
-                tracing::warn!(channel = follower.channel(), %error, "listener failed");
+                tracing::warn!(%error, "listener failed");
                 return std::ops::ControlFlow::Continue(());
             }
         }

@@ -26,47 +26,8 @@ use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::Resource;
 
-use crate::config::{ConfigError, OTLP_ENDPOINT, OTLP_INTERVAL_MS};
+use crate::config::OtlpConfig;
 use crate::metrics::{Metrics, Outcome};
-
-/// Where metrics go, and how often.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OtlpConfig {
-    /// The collector's metrics URL: the knob's base URL and `/v1/metrics`.
-    pub metrics_url: String,
-    /// How often they are pushed.
-    pub interval: Duration,
-}
-
-impl OtlpConfig {
-    /// The export the knobs ask for: none when the endpoint is empty.
-    ///
-    /// # Errors
-    /// An endpoint that is not an `http://` URL with a host, or an interval out of range.
-    pub(crate) fn from_knobs(endpoint: &str, interval_ms: u64) -> Result<Option<OtlpConfig>, ConfigError> {
-        let endpoint = endpoint.trim();
-        if endpoint.is_empty() {
-            return Ok(None);
-        }
-        if !(100..=3_600_000).contains(&interval_ms) {
-            return Err(ConfigError::new(OTLP_INTERVAL_MS, "must be between 100 and 3600000"));
-        }
-        // Its value is not repeated in the error: a URL may carry a credential.
-        let uri: axum::http::Uri = endpoint
-            .parse()
-            .map_err(|_| ConfigError::new(OTLP_ENDPOINT, "must be a URL such as http://127.0.0.1:4318"))?;
-        if uri.scheme_str() != Some("http") || uri.host().is_none() || uri.query().is_some() {
-            return Err(ConfigError::new(
-                OTLP_ENDPOINT,
-                "must be an http:// URL with a host and no query (there is no TLS: use a collector beside the replica)",
-            ));
-        }
-        Ok(Some(OtlpConfig {
-            metrics_url: format!("{}/v1/metrics", endpoint.trim_end_matches('/')),
-            interval: Duration::from_millis(interval_ms),
-        }))
-    }
-}
 
 /// Why the export could not start or flush.
 #[derive(Debug, thiserror::Error)]

@@ -1,4 +1,7 @@
-//! The revocation listener: how a revoked Node's token stops working on every replica.
+//! What the replica's listener ([`crate::listener`]) keeps in step: credentials, secrets,
+//! the guard's pre-check, and the rules and tiers.
+//!
+//! The revocations: how a revoked Node's token stops working on every replica.
 //!
 //! Deleting a Node announces it on [`access::NODE_REVOKED_CHANNEL`] when the deletion commits
 //! (migration 0031's trigger). Each replica LISTENs on a connection of its own and drops the
@@ -8,30 +11,23 @@
 //! An announcement sent while the listener is not connected is lost, so the cache is used only
 //! while it is: a lost connection suspends the cache (every request asks the store) until the
 //! listener is back, and then the cache starts empty. The same holds for the secrets a replica
-//! keeps, announced on [`secrets::SECRET_CHANGED_CHANNEL`] (migration 0010); both follow
-//! their channel through `crate::listener`.
+//! keeps, announced on [`secrets::SECRET_CHANGED_CHANNEL`] (migration 0010).
+//!
+//! A reset of a bucket reaches every replica's guard on `ratebudget`'s reset channel, and a
+//! rule or tier change reaches the rules follower ([`crate::budgets`]) on theirs.
 
-use sqlx::postgres::PgConnectOptions;
-use tokio_util::sync::CancellationToken;
+use std::sync::Arc;
 
-use crate::http::CredentialCache;
-use crate::listener::{self, Follower};
+use crate::credentials::CredentialCache;
+use crate::listener::Follower;
 use crate::metrics::Metrics;
 
-/// Listens until `shutdown` is cancelled, keeping `cache` in step with revocations.
-pub async fn run(
-    database: PgConnectOptions,
-    cache: CredentialCache,
-    metrics: Metrics,
-    shutdown: CancellationToken,
-) {
-    listener::run(database, "plexsphere-revocations", Revocations { cache, metrics }, shutdown).await;
-}
-
 /// The credential cache, and the gauge saying whether revocations reach it.
-struct Revocations {
-    cache: CredentialCache,
-    metrics: Metrics,
+pub struct Revocations {
+    /// The cache.
+    pub cache: CredentialCache,
+    /// Where the gauge is.
+    pub metrics: Metrics,
 }
 
 impl Follower for Revocations {
@@ -70,19 +66,8 @@ impl Follower for Revocations {
     }
 }
 
-/// Listens until `shutdown` is cancelled, keeping `cache` in step with changed secrets
-/// (migration 0010).
-pub async fn run_secret_changes(
-    database: PgConnectOptions,
-    cache: secrets::SecretCache,
-    metrics: Metrics,
-    shutdown: CancellationToken,
-) {
-    listener::run(database, "plexsphere-secret-changes", SecretChanges(cache, metrics), shutdown).await;
-}
-
 /// The secrets this replica keeps, and the gauge saying whether changes reach them.
-struct SecretChanges(secrets::SecretCache, Metrics);
+pub struct SecretChanges(pub secrets::SecretCache, pub Metrics);
 
 impl Follower for SecretChanges {
     fn channel(&self) -> &'static str {
@@ -109,5 +94,28 @@ impl Follower for SecretChanges {
             // '*', or not from the trigger: forget everything rather than keep what changed.
             None => self.0.forget_all(),
         }
+    }
+}
+
+/// The guard's pre-check, told of every reset ([`ratebudget::Guard::hear_reset`]): a reset is
+/// the one thing that adds tokens, so the guard forgets the bucket; and, on every
+/// (re)connection, everything it knew, since resets may have been missed meanwhile.
+pub struct Resets(pub Arc<ratebudget::Guard>);
+
+impl Follower for Resets {
+    fn channel(&self) -> &'static str {
+        ratebudget::RESET_CHANNEL
+    }
+
+    fn resume(&self) {
+        self.0.forget_all();
+    }
+
+    /// While nobody listens the guard keeps deciding: what it knew stays true until a reset,
+    /// and on reconnection it forgets everything.
+    fn suspend(&self) {}
+
+    fn apply(&self, payload: &str) {
+        self.0.hear_reset(payload);
     }
 }

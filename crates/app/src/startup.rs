@@ -12,25 +12,29 @@ use sqlx::{ConnectOptions, PgPool};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::budgets::{self, RuleBudgets, RuleRefs, Sources};
+use crate::budgets::{self, RuleBudgets, Sources};
 use crate::config::Config;
+use crate::credentials::CredentialCache;
 use crate::fill::FillHistory;
-use crate::http::{self, AppState, CredentialCache, OperatorTokens};
+use crate::http::{self, AppState, OperatorTokens};
 use crate::leader::{self, LeaderTiming, Leadership};
 use crate::limits::DecisionObserver;
+use crate::listener;
 use crate::metrics::Metrics;
 use crate::otlp::OtlpExport;
-use crate::usage::{self, Usage};
-use crate::{revocations, sweep};
+use crate::revocations::{Resets, Revocations, SecretChanges};
+use crate::sweep;
+use crate::telemetry::cause_chain;
 use ratebudget::discipline::{self, ClockStatus};
+use rules::{RuleRefs, Usage};
 
 /// How many Node credentials a replica keeps authenticated at once.
 const CREDENTIAL_CACHE_CAPACITY: usize = 100_000;
 
-/// The background pool's size: two listeners hold one each (resets; rules and tiers), the
-/// sweep one while it runs, and the clock check, the rules' poll and reloads and the usage
-/// flush take one briefly.
-const BACKGROUND_CONNECTIONS: u32 = 5;
+/// The background pool's size: the sweep holds one while it runs, and the clock check, the
+/// rules' poll and reloads and the usage flush take one briefly. The listener and the leader
+/// elector hold one connection each of their own, outside it.
+const BACKGROUND_CONNECTIONS: u32 = 4;
 
 /// Where a replica's decisions get their time from.
 #[derive(Clone, Debug)]
@@ -62,7 +66,7 @@ impl Wiring {
 struct Time {
     clock: Arc<dyn Clock>,
     status: ClockStatus,
-    task: JoinHandle<()>,
+    task: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
 }
 
 /// One running replica.
@@ -71,17 +75,56 @@ pub struct Application {
     shutdown: CancellationToken,
     leadership: Leadership,
     metrics: Metrics,
-    server: JoinHandle<()>,
-    elector: JoinHandle<()>,
-    sweeper: JoinHandle<()>,
-    clock: JoinHandle<()>,
-    resets: JoinHandle<()>,
-    revocations: JoinHandle<()>,
-    secret_changes: JoinHandle<()>,
-    rules: JoinHandle<()>,
-    usage: JoinHandle<()>,
+    tasks: Tasks,
     limiter_store: Store,
     otlp: Option<OtlpExport>,
+}
+
+/// A replica's long-running tasks, by name, in the order shutdown waits for them, and word of
+/// the first that ends on its own.
+///
+/// Shutdown waits for them one after another rather than as a set: the HTTP server first
+/// (requests in flight finish), the sweeper before the elector (leadership must outlive the
+/// last sweep statement, so a successor never sweeps beside it; the elector then releases the
+/// lock on its way out), the usage flusher last (every request has been decided, so its last
+/// flush counts them all).
+struct Tasks {
+    running: Vec<(&'static str, JoinHandle<()>)>,
+    ended: tokio::sync::mpsc::UnboundedReceiver<&'static str>,
+    tell: tokio::sync::mpsc::UnboundedSender<&'static str>,
+}
+
+impl Tasks {
+    fn new() -> Tasks {
+        let (tell, ended) = tokio::sync::mpsc::unbounded_channel();
+        Tasks { running: Vec::new(), ended, tell }
+    }
+
+    /// Runs `task` as `name`; shutdown waits for it after those added before it.
+    fn add(&mut self, name: &'static str, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        let tell = self.tell.clone();
+        let handle = tokio::spawn(async move {
+            task.await;
+            let _ = tell.send(name);
+        });
+        self.running.push((name, handle));
+    }
+
+    /// The name of the first task to end, once one does.
+    async fn first_ended(&mut self) -> &'static str {
+        self.ended.recv().await.unwrap_or("every task")
+    }
+
+    /// Waits for every task, in order; the names of those that panicked.
+    async fn wait_in_order(self) -> Vec<&'static str> {
+        let mut panicked = Vec::new();
+        for (name, handle) in self.running {
+            if handle.await.is_err() {
+                panicked.push(name);
+            }
+        }
+        panicked
+    }
 }
 
 impl Application {
@@ -100,8 +143,8 @@ impl Application {
         let usage = Arc::new(Usage::default());
         let fill = FillHistory::new();
         // Background work gets a pool of its own so it never takes a request's connection:
-        // the sweep, the reset listener and the rule listener (each holds one), and the clock
-        // discipline, the rules' poll and reloads, and the usage flush, which are short.
+        // the sweep (which holds one while it runs), and the clock discipline, the rules' poll
+        // and reloads, and the usage flush, which are short.
         let background_pool = PgPoolOptions::new()
             .max_connections(BACKGROUND_CONNECTIONS)
             .acquire_timeout(Duration::from_secs(10))
@@ -117,14 +160,14 @@ impl Application {
             TimeSource::Given(clock) => Time {
                 clock: clock.clone(),
                 status: ClockStatus::always_trusted(),
-                task: tokio::spawn(shutdown.clone().cancelled_owned()),
+                task: Box::pin(shutdown.clone().cancelled_owned()),
             },
             TimeSource::Database => {
                 let (clock, status) = discipline::disciplined(config.max_clock_skew);
                 // On the background pool: one short statement every few seconds, never
                 // behind a request.
                 let offsets = metrics.clone();
-                let task = tokio::spawn(discipline::run(
+                let task = Box::pin(discipline::run(
                     clock.clone(),
                     background_pool.clone(),
                     move |offset| offsets.set_clock_offset(offset),
@@ -168,7 +211,7 @@ impl Application {
         match tokio::time::timeout(config.database_timeout, rule_budgets.reload(&sources)).await {
             Ok(Ok(())) => {}
             Ok(Err(error)) => {
-                tracing::warn!(error = %http::cause_chain(error.as_ref()), "cannot load the rate-budget rules yet; retrying in the background")
+                tracing::warn!(error = %cause_chain(error.as_ref()), "cannot load the rate-budget rules yet; retrying in the background")
             }
             Err(_) => {
                 tracing::warn!("the rate-budget rules did not load in time; retrying in the background")
@@ -224,76 +267,60 @@ impl Application {
             .map(|otlp| OtlpExport::start(otlp, metrics.clone()))
             .transpose()
             .context("failed to start the OTLP metrics export")?;
+        let mut tasks = Tasks::new();
         // In-flight requests finish (within the grace) before this returns.
-        let server = tokio::spawn(http::server::serve(
-            listener,
-            http::router(state),
-            config.http,
-            config.shutdown_grace,
-            shutdown.clone(),
-        ));
+        tasks.add(
+            "the HTTP server",
+            http::server::serve(
+                listener,
+                http::router(state),
+                config.http,
+                config.shutdown_grace,
+                shutdown.clone(),
+            ),
+        );
 
         watch_pools(&metrics, &state_pools);
-        let resets = tokio::spawn(ratebudget::follow_resets(
-            background_pool.clone(),
-            guard.clone(),
-            shutdown.clone().cancelled_owned(),
-        ));
         let (leadership, elector) =
-            leader::spawn(config.database.clone(), wiring.leader_timing, metrics.clone(), shutdown.clone());
-        let rules = tokio::spawn(budgets::follow(
+            leader::elector(config.database.clone(), wiring.leader_timing, metrics.clone(), shutdown.clone());
+        let (mut followers, hearing) = budgets::followers();
+        followers.push(Box::new(Resets(guard.clone())));
+        followers.push(Box::new(Revocations { cache: credentials, metrics: metrics.clone() }));
+        followers.push(Box::new(SecretChanges(secret_cache, metrics.clone())));
+        let rules = budgets::follow(
             rule_budgets,
-            background_pool.clone(),
             sources.clone(),
+            hearing,
             config.rules_poll_interval,
             shutdown.clone(),
-        ));
-        let usage = tokio::spawn(usage::run(
+        );
+        let flushes = metrics.clone();
+        let usage = rules::flush_every(
             usage,
             rule_refs,
             sources.rules.clone(),
-            metrics.clone(),
             config.rule_usage_flush_interval,
-            shutdown.clone(),
-        ));
-        let sweeper = tokio::spawn(sweep::run(
-            (Store::new(background_pool), sources.rules),
-            (time.clock.clone(), time.status.clone()),
-            leadership.clone(),
-            metrics.clone(),
-            config.sweep_interval,
-            shutdown.clone(),
-        ));
-        let revocations = tokio::spawn(revocations::run(
-            config.database.clone(),
-            credentials,
-            metrics.clone(),
-            shutdown.clone(),
-        ));
-        let secret_changes = tokio::spawn(revocations::run_secret_changes(
-            config.database.clone(),
-            secret_cache,
-            metrics.clone(),
-            shutdown.clone(),
-        ));
+            move |flushed| flushes.usage_flush(flushed),
+            shutdown.clone().cancelled_owned(),
+        );
+        tasks.add(
+            sweep::LOOP_NAME,
+            sweep::run(
+                (Store::new(background_pool), sources.rules),
+                (time.clock.clone(), time.status.clone()),
+                leadership.clone(),
+                metrics.clone(),
+                config.sweep_interval,
+                shutdown.clone(),
+            ),
+        );
+        tasks.add("the leader elector", elector);
+        tasks.add("the clock discipline", time.task);
+        tasks.add("the listener", listener::run(config.database.clone(), followers, shutdown.clone()));
+        tasks.add("the rule and tier follower", rules);
+        tasks.add("the rule usage flusher", usage);
         tracing::info!(%local_addr, "serving");
-        Ok(Application {
-            local_addr,
-            shutdown,
-            leadership,
-            metrics,
-            server,
-            elector,
-            sweeper,
-            clock: time.task,
-            resets,
-            revocations,
-            secret_changes,
-            rules,
-            usage,
-            limiter_store: store,
-            otlp,
-        })
+        Ok(Application { local_addr, shutdown, leadership, metrics, tasks, limiter_store: store, otlp })
     }
 
     /// The address the API listens on (useful when the configured port was 0).
@@ -322,106 +349,22 @@ impl Application {
     /// # Errors
     /// When the HTTP server task panicked.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        let Application {
-            shutdown,
-            mut server,
-            mut elector,
-            mut sweeper,
-            mut clock,
-            mut resets,
-            mut revocations,
-            mut secret_changes,
-            mut rules,
-            mut usage,
-            limiter_store,
-            otlp,
-            ..
-        } = self;
-        let (mut server_result, mut elector_done, mut sweeper_done) = (None, false, false);
-        let (mut clock_done, mut resets_done, mut revocations_done, mut secret_changes_done) =
-            (false, false, false, false);
-        let (mut rules_done, mut usage_done) = (false, false);
+        let Application { shutdown, mut tasks, limiter_store, otlp, .. } = self;
         tokio::select! {
             // Shutdown first: once it is cancelled every task ends, and that is not news.
             biased;
             () = shutdown.cancelled() => {}
-            result = &mut server => {
-                tracing::error!("the HTTP server stopped on its own");
-                server_result = Some(result);
-            }
-            _ = &mut elector => {
-                tracing::error!("the leader elector stopped on its own");
-                elector_done = true;
-            }
-            _ = &mut sweeper => {
-                tracing::error!(loop_name = sweep::LOOP_NAME, "the loop stopped on its own");
-                sweeper_done = true;
-            }
-            _ = &mut clock => {
-                tracing::error!("the clock discipline stopped on its own");
-                clock_done = true;
-            }
-            _ = &mut resets => {
-                tracing::error!("the rate-budget reset listener stopped on its own");
-                resets_done = true;
-            }
-            _ = &mut secret_changes => {
-                tracing::error!("the secret-change listener stopped on its own");
-                secret_changes_done = true;
-            }
-            _ = &mut revocations => {
-                tracing::error!("the revocation listener stopped on its own");
-                revocations_done = true;
-            }
-            _ = &mut rules => {
-                tracing::error!("the rule and tier follower stopped on its own");
-                rules_done = true;
-            }
-            _ = &mut usage => {
-                tracing::error!("the rule usage flusher stopped on its own");
-                usage_done = true;
-            }
+            task = tasks.first_ended() => tracing::error!(task, "a task stopped on its own; stopping the replica"),
         }
         shutdown.cancel();
-        let server_result = match server_result {
-            Some(result) => result,
-            None => server.await,
-        };
-        // The sweeper first: leadership must outlive the last sweep statement, so a successor
-        // never sweeps beside it. Then the elector releases the lock on its way out; wait for
-        // it so a successor can lead at once.
-        if !sweeper_done {
-            let _ = sweeper.await;
-        }
-        if !elector_done {
-            let _ = elector.await;
-        }
-        if !clock_done {
-            let _ = clock.await;
-        }
-        if !resets_done {
-            let _ = resets.await;
-        }
-        if !secret_changes_done {
-            let _ = secret_changes.await;
-        }
-        if !revocations_done {
-            let _ = revocations.await;
-        }
-        if !rules_done {
-            let _ = rules.await;
-        }
-        // After the server: every request has been decided, so the last flush counts them all.
-        if !usage_done {
-            let _ = usage.await;
-        }
+        let panicked = tasks.wait_in_order().await;
         // Every decision is counted: the collector gets the last counts.
         if let Some(otlp) = otlp {
             otlp.stop().await;
         }
         // No request is in flight any more: say goodbye to the server on the take connections.
         limiter_store.close().await;
-        server_result.context("the HTTP server task panicked")?;
+        anyhow::ensure!(panicked.is_empty(), "tasks panicked: {}", panicked.join(", "));
         tracing::info!("stopped");
         Ok(())
     }

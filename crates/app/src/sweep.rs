@@ -130,7 +130,7 @@ pub async fn tick(
                 tracing::info!(loop_name = LOOP_NAME, pruned, "deleted rule usage past its retention")
             }
             Ok(Err(error)) => {
-                tracing::warn!(loop_name = LOOP_NAME, error = %crate::http::cause_chain(&error), "cannot delete old rule usage; the next tick retries")
+                tracing::warn!(loop_name = LOOP_NAME, error = %crate::telemetry::cause_chain(&error), "cannot delete old rule usage; the next tick retries")
             }
             Err(_) => tracing::warn!(loop_name = LOOP_NAME, "deleting old rule usage did not finish in time"),
         }
@@ -142,7 +142,7 @@ pub async fn tick(
             SweepOutcome::Swept { deleted }
         }
         Err(error) => {
-            tracing::warn!(loop_name = LOOP_NAME, error = %crate::http::cause_chain(&error), "sweep failed; the next tick retries");
+            tracing::warn!(loop_name = LOOP_NAME, error = %crate::telemetry::cause_chain(&error), "sweep failed; the next tick retries");
             metrics.sweep(None);
             SweepOutcome::Failed(error)
         }

@@ -17,3 +17,7 @@ pub fn init() {
         .with_writer(std::io::stderr)
         .init();
 }
+
+/// `error` and each of its sources on one line, `what failed: why: why`: how every failure
+/// reaches the log (`ratebudget`'s, which the tower layer logs with too).
+pub use ratebudget::cause_chain;

@@ -241,7 +241,7 @@ impl<K: KeyExtractor, C: CostExtractor> Settings<K, C> {
                     format!("the key is {why}"),
                 )),
                 Err(SpendError::Undecided(undecided)) => {
-                    tracing::error!(error = %cause_chain(&undecided), "request failed: its budget could not be decided");
+                    tracing::error!(error = %ratebudget::cause_chain(&undecided), "request failed: its budget could not be decided");
                     answer(Rejection::undecided())
                 }
             },
@@ -266,7 +266,7 @@ impl<K: KeyExtractor, C: CostExtractor> Settings<K, C> {
                     Ok(Answer::Refused(refused)) => answer(self.refused(&key, refused)),
                     Ok(Answer::NeverFits(never)) => answer(never_fits(&never)),
                     Err(error) => {
-                        tracing::warn!(error = %cause_chain(&error), status = response.status().as_u16(), "a response could not be charged to its budget; it stands");
+                        tracing::warn!(error = %ratebudget::cause_chain(&error), status = response.status().as_u16(), "a response could not be charged to its budget; it stands");
                         Ok(response.map(Either::Left))
                     }
                 }
@@ -289,22 +289,4 @@ fn never_fits(never: &ratebudget::InsufficientCapacity) -> Rejection {
         "cost_above_burst",
         format!("this request costs {}, more than its budget ever holds ({})", never.cost, never.burst),
     )
-}
-
-/// `error` and each of its sources, joined by `: `: the whole story on one line, as the
-/// layer logs an undecided budget (and the `plexsphere` binary logs every failure).
-pub fn cause_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut chain = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        // Some errors (sqlx's database error among them) already print their source's text;
-        // saying it twice makes the line harder to read, not more complete.
-        if !chain.ends_with(&text) {
-            chain.push_str(": ");
-            chain.push_str(&text);
-        }
-        source = cause.source();
-    }
-    chain
 }

@@ -36,5 +36,7 @@ pub use extract::{
     PeerAddress,
 };
 pub use fields::{retry_after_seconds, Reading, RATELIMIT, RATELIMIT_POLICY};
-pub use layer::{cause_chain, BudgetBody, BudgetLayer, Budgeted};
+pub use layer::{BudgetBody, BudgetLayer, Budgeted};
+/// `error` and each of its sources on one line: `ratebudget`'s, the one the layer logs with.
+pub use ratebudget::cause_chain;
 pub use response::Rejection;

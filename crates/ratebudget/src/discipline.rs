@@ -246,7 +246,7 @@ pub async fn run(
             }
             Err(error) => {
                 if !failing {
-                    tracing::warn!(error = %cause_chain(&error), "cannot measure the database's clock; retrying");
+                    tracing::warn!(error = %crate::cause_chain(&error), "cannot measure the database's clock; retrying");
                     failing = true;
                 }
                 RETRY_INTERVAL
@@ -257,18 +257,6 @@ pub async fn run(
             () = tokio::time::sleep(wait) => {}
         }
     }
-}
-
-/// `error` and each of its sources on one line.
-fn cause_chain(error: &dyn std::error::Error) -> String {
-    let mut line = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        line.push_str(": ");
-        line.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    line
 }
 
 /// One measurement: the anchor it offers and the wall-clock offset it saw.

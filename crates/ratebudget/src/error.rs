@@ -126,3 +126,21 @@ impl Undecided {
         )
     }
 }
+
+/// `error` and each of its sources on one line, `what failed: why: why`: how every crate of
+/// the workspace writes a failure into a log line.
+pub fn cause_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut chain = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        // Some errors (sqlx's database error among them) already print their source's text;
+        // saying it twice makes the line harder to read, not more complete.
+        if !chain.ends_with(&text) {
+            chain.push_str(": ");
+            chain.push_str(&text);
+        }
+        source = cause.source();
+    }
+    chain
+}

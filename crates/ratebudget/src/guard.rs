@@ -429,6 +429,21 @@ impl Guard {
         self.known.retain(|id, _| id.name() != name);
     }
 
+    /// Forgets the bucket a reset announced on [`RESET_CHANNEL`](crate::RESET_CHANNEL) names
+    /// (its payload): for a caller that LISTENs on its own connection; [`follow_resets`] is
+    /// one that does.
+    pub fn hear_reset(&self, payload: &str) {
+        match parse_reset(payload) {
+            Some(Reset::Budget(name, key)) => self.forget(name, key),
+            Some(Reset::Named(limiter, key)) => self.forget_named(limiter, key),
+            // Not from this crate's statements: forgetting everything is always safe.
+            None => {
+                tracing::warn!(payload, "a malformed reset notification; forgetting every bucket");
+                self.forget_all();
+            }
+        }
+    }
+
     /// Forgets everything the store said: when resets may have been missed (the listener
     /// reconnected). The fallback's buckets are kept.
     pub fn forget_all(&self) {
@@ -910,14 +925,7 @@ pub async fn follow_resets(
                 message = listener.try_recv() => message,
             };
             match message {
-                Ok(Some(notification)) => match parse_reset(notification.payload()) {
-                    Some(Reset::Budget(name, key)) => guard.forget(name, key),
-                    Some(Reset::Named(limiter, key)) => guard.forget_named(limiter, key),
-                    None => tracing::warn!(
-                        payload = notification.payload(),
-                        "ignoring a malformed reset notification"
-                    ),
-                },
+                Ok(Some(notification)) => guard.hear_reset(notification.payload()),
                 // The connection was lost; try_recv reconnects on the next call, but what was
                 // sent in between is gone.
                 Ok(None) => guard.forget_all(),

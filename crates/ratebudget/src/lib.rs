@@ -58,7 +58,7 @@ pub use batch::Coalescing;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decider, Decision, Grant, InsufficientCapacity, Refusal, Take, Which};
 pub use discipline::{ClockStatus, DatabaseClock, UntrustedClock};
-pub use error::{Error, Undecided};
+pub use error::{cause_chain, Error, Undecided};
 pub use guard::{follow_resets, Guard, GuardBuilder, Observer, Source, Unobserved};
 pub use handles::{GcraLimiter, TokenBuckets};
 pub use model::{Budget, Fill, InvalidLimit, Key, Limit, Scope, Spend, IDLE_RETENTION};
@@ -66,7 +66,7 @@ pub use name::{InvalidName, Name};
 pub use named::{LimiterName, NamedKey, NamedSpend};
 pub use policy::{Algorithm, BoxError, Budgets, Enforcement, FailMode, FixedBudgets, Mode, Policy, RuleRef};
 pub use spender::{PairBudget, SingleBudget, Spender, Spent};
-pub use store::{Bucket, IdleSweep, Store};
+pub use store::{Bucket, IdleSweep, Store, RESET_CHANNEL};
 
 /// The crate's own migrations: schema `plexsphere`, its tables `rate_budgets` and
 /// `named_limits`, and the functions that decide. Apply them before a [`Store`] is used:

@@ -21,9 +21,11 @@ const DECIDE_NAMED: &str = include_str!("../queries/decide_named.sql");
 const RESET_NAMED: &str = include_str!("../queries/reset_named.sql");
 const DELETE_EXPIRED: &str = include_str!("../queries/delete_expired.sql");
 
-/// The channel [`Store::reset`] notifies on; every replica's [`Guard`](crate::Guard) listens
-/// (see [`follow_resets`](crate::follow_resets)). The payload is `scope:uuid`.
-pub(crate) const RESET_CHANNEL: &str = "plexsphere_rate_budget_reset";
+/// The channel [`Store::reset`] and [`Store::reset_named`] notify on; every process's
+/// [`Guard`](crate::Guard) must hear of each ([`follow_resets`](crate::follow_resets), or
+/// [`Guard::hear_reset`](crate::Guard::hear_reset) from a listener of one's own). The payload
+/// is `name:uuid`, or `named:limiter:hex`.
+pub const RESET_CHANNEL: &str = "plexsphere_rate_budget_reset";
 
 /// The rate budgets of every scope, in one shared table.
 ///

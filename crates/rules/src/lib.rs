@@ -30,6 +30,7 @@ mod persistence;
 mod ports;
 mod service;
 mod snapshot;
+mod usage;
 
 pub use error::{BoxError, RepositoryError, WriteError};
 pub use model::{
@@ -40,3 +41,4 @@ pub use persistence::{PgRulesRepository, CHANGES_CHANNEL};
 pub use ports::{Created, Replaced, RolledBack, RulesRepository};
 pub use service::{Put, RulesService};
 pub use snapshot::{Level, Resolved, Snapshot};
+pub use usage::{flush_every, Counted, RuleRefs, Usage, MAX_PENDING};

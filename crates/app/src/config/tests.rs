@@ -23,10 +23,20 @@ fn parse_without_operator_token(pairs: &[(&str, &str)]) -> Result<Config, Config
     Config::from_knobs(&knobs)
 }
 
+/// `pairs` are refused, naming `knob`: by its value parser (a value out of the knob's range,
+/// which `--help` shows) or by [`Config::from_knobs`] (a value that conflicts with another).
 #[track_caller]
 fn rejects(pairs: &[(&str, &str)], knob: &str) {
-    let error = parse(pairs).unwrap_err();
-    assert_eq!(error.knob, knob, "{error}");
+    match Knobs::from_pairs(REQUIRED.iter().chain(pairs).copied()) {
+        Err(parser) => {
+            let message = parser.to_string();
+            assert!(message.contains(&format!("<{knob}>")), "{message}");
+        }
+        Ok(knobs) => {
+            let error = Config::from_knobs(&knobs).unwrap_err();
+            assert_eq!(error.knob, knob, "{error}");
+        }
+    }
 }
 
 #[test]
@@ -273,7 +283,7 @@ fn the_otlp_export_is_off_by_default_and_pushes_to_the_collectors_metrics_path()
     let config = parse(&[(OTLP_ENDPOINT, "http://127.0.0.1:4318/")]).unwrap();
     assert_eq!(
         config.otlp,
-        Some(crate::otlp::OtlpConfig {
+        Some(OtlpConfig {
             metrics_url: "http://127.0.0.1:4318/v1/metrics".to_owned(),
             interval: Duration::from_secs(60),
         })
@@ -299,5 +309,29 @@ fn the_fallback_fail_mode_is_static_as_in_the_rules_and_local_still_reads() {
     for spelling in ["static", "local"] {
         let config = parse(&[(SECRET_READ_NODE_FAIL_MODE, spelling)]).unwrap();
         assert_eq!(config.fail_modes[&Scope::SecretReadNode], FailMode::Static, "{spelling}");
+    }
+}
+
+#[test]
+fn trusted_proxies_are_addresses_or_ranges() {
+    assert_eq!(parse_trusted_proxies(" 10.0.0.1 , fd00::/8").unwrap().len(), 2);
+    assert!(parse_trusted_proxies("10.0.0.1, nonsense").unwrap_err().contains("nonsense"));
+    assert!(parse_trusted_proxies("").unwrap().is_empty());
+    rejects(&[(TRUSTED_PROXIES, "10.0.0.1, nonsense")], TRUSTED_PROXIES);
+}
+
+#[test]
+fn help_shows_each_ranged_knobs_range_as_its_parser_enforces_it() {
+    // Issue 22: a knob's range is written once, in its value parser; its help says it.
+    let help = Knobs::augment_args(clap::Command::new("plexsphere")).render_long_help().to_string();
+    for (knob, below, lowest, highest, above) in [
+        (DATABASE_TIMEOUT_MS, "49", "50", "60000", "60001"),
+        (TAKE_BATCH_MAX, "0", "1", "1024", "1025"),
+        (MAX_CLOCK_SKEW_MS, "9", "10", "60000", "60001"),
+        (HTTP_BODY_TIMEOUT_MS, "99", "100", "600000", "600001"),
+    ] {
+        assert!(help.contains(&format!("({lowest} to {highest}")), "{knob}: {help}");
+        rejects(&[(knob, below)], knob);
+        rejects(&[(knob, above)], knob);
     }
 }

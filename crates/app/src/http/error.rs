@@ -119,7 +119,7 @@ impl ApiError {
 
 /// `error` and each of its sources on one line: the layer's, so a failure reads the same
 /// whether the throttle or a handler logged it.
-pub use ratebudget_tower::cause_chain;
+pub use crate::telemetry::cause_chain;
 
 /// The body of every error response, built here and nowhere else.
 #[derive(Serialize)]

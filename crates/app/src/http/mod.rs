@@ -33,7 +33,8 @@ use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
-pub use auth::{CredentialCache, OperatorTokens};
+use crate::credentials::CredentialCache;
+pub use auth::OperatorTokens;
 pub use error::{cause_chain, error_response, panic_response, ApiError};
 
 use crate::budgets::RuleBudgets;

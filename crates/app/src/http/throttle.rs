@@ -19,7 +19,6 @@
 //! (`ratebudget_tower::PeerAddress`).
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -113,33 +112,4 @@ fn log_refused(logged: &Mutex<HashMap<RequestKey, Instant>>, client: &RequestKey
         client = %String::from_utf8_lossy(client.as_bytes()),
         "failed authentications throttled (said at most once a minute per address)"
     );
-}
-
-/// Parses `PLEXSPHERE_TRUSTED_PROXIES`: comma-separated addresses or CIDR ranges.
-///
-/// # Errors
-/// The first entry that is neither, as text to show.
-pub fn parse_trusted_proxies(text: &str) -> Result<Vec<IpNet>, String> {
-    text.split(',')
-        .map(str::trim)
-        .filter(|entry| !entry.is_empty())
-        .map(|entry| {
-            entry
-                .parse::<IpNet>()
-                .or_else(|_| entry.parse::<IpAddr>().map(IpNet::from))
-                .map_err(|_| format!("{entry:?} is not an address or a CIDR range"))
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn trusted_proxies_are_addresses_or_ranges() {
-        assert_eq!(parse_trusted_proxies(" 10.0.0.1 , fd00::/8").unwrap().len(), 2);
-        assert!(parse_trusted_proxies("10.0.0.1, nonsense").unwrap_err().contains("nonsense"));
-        assert!(parse_trusted_proxies("").unwrap().is_empty());
-    }
 }

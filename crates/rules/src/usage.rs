@@ -8,16 +8,55 @@
 //! [`MAX_PENDING`] (rule, minute) counts, the oldest minutes are dropped, with a warning.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::future::Future;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use ratebudget::RuleRef;
-use tokio_util::sync::CancellationToken;
 
-use crate::budgets::RuleRefs;
-use crate::http::cause_chain;
-use crate::metrics::Metrics;
+use crate::{RuleId, RulesService, UsageCount};
+
+/// The small numbers takes carry for rules ([`RuleRef`]) and the rule ids they stand for.
+///
+/// A rule keeps its number for the life of the process, across snapshots, so a count made
+/// under one snapshot is still the same rule's when it is flushed under the next. The table
+/// grows by one id per rule ever loaded: rules are operator-written, thousands at most.
+#[derive(Clone, Debug, Default)]
+pub struct RuleRefs(Arc<RwLock<Interned>>);
+
+#[derive(Debug, Default)]
+struct Interned {
+    ids: Vec<RuleId>,
+    numbers: HashMap<RuleId, u32>,
+}
+
+impl RuleRefs {
+    /// The number of `id`, given it the first time it is seen.
+    pub fn intern(&self, id: &RuleId) -> RuleRef {
+        if let Some(number) = read(&self.0).numbers.get(id) {
+            return RuleRef(*number);
+        }
+        let mut interned = self.0.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(number) = interned.numbers.get(id) {
+            return RuleRef(*number);
+        }
+        let number = u32::try_from(interned.ids.len()).unwrap_or(u32::MAX);
+        interned.ids.push(id.clone());
+        interned.numbers.insert(id.clone(), number);
+        RuleRef(number)
+    }
+
+    /// The id `reference` stands for.
+    pub fn id(&self, reference: RuleRef) -> Option<RuleId> {
+        read(&self.0).ids.get(reference.0 as usize).cloned()
+    }
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    // The table is extended whole under the write lock; a panic cannot tear it.
+    lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// The most (rule, minute) counts a replica keeps while flushes fail: a day of a thousand
 /// busy rules is 1.4 million; this is a few megabytes.
@@ -96,16 +135,19 @@ impl Usage {
     }
 
     /// Adds everything counted so far to the usage rows, in one statement; on failure, keeps
-    /// it for the next flush. Whether it succeeded (or had nothing to add).
-    pub async fn flush(&self, refs: &RuleRefs, rules: &rules::RulesService, metrics: &Metrics) -> bool {
+    /// it for the next flush.
+    ///
+    /// # Errors
+    /// What the store failed with; the counts wait for the next flush.
+    pub async fn flush(&self, refs: &RuleRefs, rules: &RulesService) -> Result<(), crate::RepositoryError> {
         let batch = self.drain();
         if batch.is_empty() {
-            return true;
+            return Ok(());
         }
-        let mut counts: Vec<rules::UsageCount> = batch
+        let mut counts: Vec<UsageCount> = batch
             .iter()
             .filter_map(|((rule, minute), counts)| {
-                Some(rules::UsageCount {
+                Some(UsageCount {
                     rule: refs.id(*rule)?,
                     minute: DateTime::from_timestamp(*minute, 0)?,
                     granted: counts.granted,
@@ -115,39 +157,41 @@ impl Usage {
             })
             .collect();
         counts.sort_by(|a, b| (&a.rule, a.minute).cmp(&(&b.rule, b.minute)));
-        match rules.add_usage(&counts).await {
-            Ok(()) => {
-                metrics.usage_flush(true);
-                true
-            }
-            Err(error) => {
-                tracing::warn!(error = %cause_chain(&error), "cannot flush rule usage; keeping it for the next flush");
-                metrics.usage_flush(false);
-                self.restore(batch);
-                false
-            }
+        let flushed = rules.add_usage(&counts).await;
+        if flushed.is_err() {
+            self.restore(batch);
         }
+        flushed
     }
 }
 
 /// Flushes `usage` every `interval` until `shutdown`, and once more then (for at most a few
-/// seconds), so a replica that stops loses what it counted only if the database is down.
-pub async fn run(
+/// seconds), so a replica that stops loses what it counted only if the database is down;
+/// `flushed` hears whether each flush succeeded.
+pub async fn flush_every(
     usage: Arc<Usage>,
     refs: RuleRefs,
-    rules: rules::RulesService,
-    metrics: Metrics,
+    rules: RulesService,
     interval: Duration,
-    shutdown: CancellationToken,
+    flushed: impl Fn(bool) + Send,
+    shutdown: impl Future<Output = ()> + Send,
 ) {
+    tokio::pin!(shutdown);
+    let flush = || async {
+        let result = usage.flush(&refs, &rules).await;
+        if let Err(error) = &result {
+            tracing::warn!(error = %ratebudget::cause_chain(error), "cannot flush rule usage; keeping it for the next flush");
+        }
+        flushed(result.is_ok());
+    };
     loop {
         tokio::select! {
-            () = shutdown.cancelled() => break,
+            () = &mut shutdown => break,
             () = tokio::time::sleep(interval) => {}
         }
-        usage.flush(&refs, &rules, &metrics).await;
+        flush().await;
     }
-    if tokio::time::timeout(LAST_FLUSH_TIMEOUT, usage.flush(&refs, &rules, &metrics)).await.is_err() {
+    if tokio::time::timeout(LAST_FLUSH_TIMEOUT, flush()).await.is_err() {
         tracing::warn!("the last rule usage flush did not finish in time; its counts are lost");
     }
 }
