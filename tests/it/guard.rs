@@ -273,7 +273,7 @@ async fn lock_the_table(pool: &PgPool) -> sqlx::pool::PoolConnection<sqlx::Postg
 #[sqlx::test(migrator = "app::MIGRATOR")]
 async fn a_probe_whose_caller_stops_waiting_leaves_the_next_take_to_probe(pool: PgPool) {
     // Issue 20, item 1. The probe marked the circuit as probing and only its answer cleared
-    // the mark: a probe dropped mid-wait left every later OPEN or LOCAL take deciding without
+    // the mark: a probe dropped mid-wait left every later OPEN or STATIC take deciding without
     // the store for good, however well the store answered again.
     let store = Store::new(pool.clone());
     let observer = Arc::new(LastSource::default());
@@ -461,7 +461,7 @@ async fn a_fallback_at_capacity_forgets_only_full_buckets_and_decides_no_other()
 #[tokio::test]
 async fn a_pair_with_a_free_side_or_one_bucket_twice_decides_by_its_fail_mode() {
     // Issue 20, item 4. Such pairs went to the store without the decision timeout, the
-    // circuit or the fail mode: with the store down, a LOCAL pair was a 500.
+    // circuit or the fail mode: with the store down, a STATIC pair was a 500.
     let store = Store::new(unreachable_pool());
     let observer = Arc::new(LastSource::default());
     let guard = guard_with_capacity(&store, observer.clone(), 1000);

@@ -4,8 +4,8 @@
 //! The revocations: how a revoked Node's token stops working on every replica.
 //!
 //! Deleting a Node announces it on [`access::NODE_REVOKED_CHANNEL`] when the deletion commits
-//! (migration 0031's trigger). Each replica LISTENs on a connection of its own and drops the
-//! Node from its [`CredentialCache`], so a revocation reaches every replica about a round trip
+//! (migration 0031's trigger). Each replica's listener hears it and drops the Node from its
+//! [`CredentialCache`], so a revocation reaches every replica about a round trip
 //! after it commits, not when cache entries expire (docs/adr/0011).
 //!
 //! An announcement sent while the listener is not connected is lost, so the cache is used only

@@ -1,9 +1,10 @@
-//! What the layer spends from: a [`RequestBudget`], and its two implementations over
-//! `ratebudget`, a named (GCRA) limiter keyed by any bytes and a scope's token buckets keyed
-//! by a Node's or Domain's id.
+//! What the layer spends from: a [`RequestBudget`], and its three implementations over
+//! `ratebudget`: token buckets under a name of one's own keyed by any bytes
+//! ([`BucketBudget`]), a named (GCRA) limiter keyed by any bytes ([`NamedBudget`]), and a
+//! scope's token buckets keyed by a Node's or Domain's id ([`ScopeBudget`]).
 //!
 //! The layer knows nothing of tables, algorithms or policies: it hands a budget a key and a
-//! cost and turns the [`Answer`] into a response. Both implementations decide through a
+//! cost and turns the [`Answer`] into a response. Each implementation decides through a
 //! [`Guard`], so the pre-check, the circuit and each take's fail mode apply exactly as they do
 //! to the `plexsphere` binary's own budgets.
 

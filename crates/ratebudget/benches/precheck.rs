@@ -27,7 +27,6 @@ use ratebudget::{
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, Executor};
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
 const KEYS: usize = 10_000;
 const MEASURED: usize = 2_000_000;
 
@@ -145,7 +144,7 @@ async fn prepare(options: &PgConnectOptions) -> (Guard, Arc<Sources>, Vec<Key>) 
     admin.execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str()).await.unwrap();
     admin.execute(format!("CREATE DATABASE {name}").as_str()).await.unwrap();
     let pool = PgPoolOptions::new().max_connections(4).connect_with(options.clone()).await.unwrap();
-    MIGRATOR.run(&pool).await.unwrap();
+    ratebudget::MIGRATOR.run(&pool).await.unwrap();
 
     let sources = Arc::new(Sources::default());
     let guard = Guard::builder(Store::new(pool.clone()))

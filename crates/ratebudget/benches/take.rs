@@ -69,7 +69,6 @@ struct Args {
 const WORKLOADS: [Workload; 4] = [Workload::Random, Workload::Hot, Workload::Refused, Workload::Pair];
 const CLIENTS: [usize; 4] = [1, 4, 16, 64];
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
 const SEED: &str = include_str!("../../../bench/seed.sql");
 
 fn parse_args() -> Args {
@@ -166,7 +165,7 @@ async fn setup(database_url: &str) {
     admin.execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str()).await.unwrap();
     admin.execute(format!("CREATE DATABASE {name}").as_str()).await.unwrap();
     let mut connection = sqlx::PgConnection::connect_with(&options).await.unwrap();
-    MIGRATOR.run(&mut connection).await.unwrap();
+    ratebudget::MIGRATOR.run(&mut connection).await.unwrap();
     // One statement at a time: VACUUM refuses to run inside the implicit transaction of a
     // multi-statement query.
     let is_code = |line: &str| !line.trim().is_empty() && !line.trim_start().starts_with("--");

@@ -34,7 +34,7 @@ pub enum FailMode {
 }
 
 impl FailMode {
-    /// The stricter of two modes, for a take that spends two budgets: `Closed` over `Local`
+    /// The stricter of two modes, for a take that spends two budgets: `Closed` over `Static`
     /// over `Open`. A pair admitted from fallback buckets when one of its budgets would fail
     /// open is still decided; one that fails closed is never decided by anything but the store.
     pub fn stricter(self, other: FailMode) -> FailMode {
