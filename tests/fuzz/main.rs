@@ -163,6 +163,7 @@ fn request_bodies_and_queries() {
                 if let Some(issuance) = domain.issuance {
                     // What passes is what a rule's CHECK and the store accept.
                     let draft = rules::RuleDraft {
+                        service: None,
                         scope: ratebudget::Scope::AccessIssuanceDomain.as_str().to_owned(),
                         selector: rules::Selector::Domain(uuid::Uuid::nil()),
                         rate: issuance.per_second(),

@@ -16,6 +16,7 @@ mod app_revocation;
 mod app_security;
 mod architecture;
 mod coalescing;
+mod decide;
 mod faults_clock;
 mod faults_database;
 mod faults_history;

@@ -15,6 +15,7 @@ use crate::support::helpers::FreshDatabase;
 
 fn draft(scope: &str, rate: f64, per_ms: i64, burst: f64) -> RuleDraft {
     RuleDraft {
+        service: None,
         scope: scope.into(),
         selector: Selector::AllDomains,
         rate,
@@ -158,8 +159,8 @@ async fn migration_0056_turns_every_domains_issuance_policy_into_its_override_ru
     {
         let id = RuleId::issuance_override(domain);
         let rule = rules.iter().find(|rule| rule.id == id).unwrap();
-        assert_eq!(rule.spec.scope(), ratebudget::Scope::AccessIssuanceDomain);
-        assert_eq!(rule.spec.selector(), Selector::Domain(domain));
+        assert_eq!(rule.spec.scope(), Some(ratebudget::Scope::AccessIssuanceDomain));
+        assert_eq!(rule.spec.selector(), Some(Selector::Domain(domain)));
         assert_eq!(
             rule.spec.limit(),
             Limit::new(rate, burst).unwrap(),

@@ -26,10 +26,10 @@
 //! replica is not ready: deciding on the knobs alone would admit what a rule forbids.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
-use ratebudget::{BoxError, Enforcement, Guard, Key, Policy, Scope};
+use ratebudget::{BoxError, Enforcement, Guard, Key, Name, Policy, Scope};
 use rules::RuleRefs;
 use rules::{Level, Rule, Selector, Snapshot};
 use tokio_util::sync::CancellationToken;
@@ -38,6 +38,13 @@ use uuid::Uuid;
 use crate::config::{Config, Limits};
 use crate::metrics::LimitsReading;
 use crate::telemetry::cause_chain;
+
+/// The budget every other service's buckets are under: one name for all of them, each bucket
+/// keyed by its descriptor's runtime key (which holds the service).
+pub fn service_buckets() -> Name {
+    static NAME: OnceLock<Name> = OnceLock::new();
+    *NAME.get_or_init(|| Name::new("service_requests").expect("a valid budget name"))
+}
 
 /// A Domain's tier as the rules select by it: the same four, by the same text.
 pub fn rules_tier(tier: access::Tier) -> rules::Tier {
@@ -51,9 +58,11 @@ pub fn rules_tier(tier: access::Tier) -> rules::Tier {
 
 /// The rules compiled, with the policy each one gives a take, index for index.
 #[derive(Debug)]
-struct CompiledRules {
-    snapshot: Snapshot,
-    policies: Vec<Policy>,
+pub struct CompiledRules {
+    /// The rules.
+    pub snapshot: Snapshot,
+    /// Each rule's policy, at its index in the snapshot.
+    pub policies: Vec<Policy>,
 }
 
 /// The tier directory: every Domain off the default tier.
@@ -123,6 +132,22 @@ impl RuleBudgets {
         let fail_mode = self.fail_modes.get(&scope).copied().unwrap_or(ratebudget::FailMode::Closed);
         let enforcement = Enforcement { fail_mode, ..Enforcement::STRICT };
         Policy { enforcement, ..Policy::strict(self.limits.of(scope)) }
+    }
+
+    /// The rules this replica decides by now.
+    ///
+    /// # Errors
+    /// [`NotLoaded`] before the rules were loaded.
+    pub fn compiled_rules(&self) -> Result<Arc<CompiledRules>, NotLoaded> {
+        read(&self.state).rules.clone().ok_or(NotLoaded)
+    }
+
+    /// Whether `service` has rules in the snapshot held (a bounded set of metric labels).
+    pub fn has_service_rules(&self, service: &str) -> bool {
+        read(&self.state)
+            .rules
+            .as_ref()
+            .is_some_and(|rules| rules.snapshot.services().any(|known| known == service))
     }
 
     /// Whether the rules and tiers have been loaded: the replica decides only then.
@@ -244,6 +269,10 @@ impl RuleBudgets {
                 );
             }
             forget(&self.guard, compiled.snapshot.grown_since(&held.snapshot));
+            // A service's buckets are keyed by its requests: forget all of them.
+            if !compiled.snapshot.services_grown_since(&held.snapshot).is_empty() {
+                self.guard.forget_every_bucket_of(service_buckets());
+            }
         }
     }
 

@@ -28,6 +28,12 @@ pub const LISTEN: &str = "PLEXSPHERE_LISTEN";
 pub const OPERATOR_TOKEN: &str = "PLEXSPHERE_OPERATOR_TOKEN";
 /// `PLEXSPHERE_OPERATOR_TOKENS`: named operator tokens, `name:token,name:token`.
 pub const OPERATOR_TOKENS: &str = "PLEXSPHERE_OPERATOR_TOKENS";
+/// `PLEXSPHERE_DECIDE_TOKENS`: the tokens of services and proxies that ask for decisions,
+/// `name:token,name:token`; unset, the decide API is off.
+pub const DECIDE_TOKENS: &str = "PLEXSPHERE_DECIDE_TOKENS";
+/// `PLEXSPHERE_GRPC_LISTEN`: where Envoy's rate limit service protocol is served; unset, it is
+/// not.
+pub const GRPC_LISTEN: &str = "PLEXSPHERE_GRPC_LISTEN";
 /// The name `PLEXSPHERE_OPERATOR_TOKEN`'s token acts under.
 pub const SINGLE_OPERATOR_NAME: &str = "operator";
 /// The fewest characters of an operator token.
@@ -163,6 +169,15 @@ pub struct Knobs {
     /// its name, and one can be rotated while another works.
     #[arg(long, env = OPERATOR_TOKENS, value_name = OPERATOR_TOKENS, hide_env_values = true)]
     pub operator_tokens: Option<String>,
+    /// Named bearer tokens of the services and proxies that ask for decisions
+    /// (`POST /v1/decide`, Envoy's ShouldRateLimit, `GET /v1/snapshot`), `name:token`
+    /// comma-separated as the operator tokens. Unset: the decide API is off.
+    #[arg(long, env = DECIDE_TOKENS, value_name = DECIDE_TOKENS, hide_env_values = true)]
+    pub decide_tokens: Option<String>,
+    /// The address Envoy's rate limit service protocol (gRPC, `ShouldRateLimit`) is served on,
+    /// such as 127.0.0.1:8081; it needs PLEXSPHERE_DECIDE_TOKENS. Unset: not served.
+    #[arg(long, env = GRPC_LISTEN, value_name = GRPC_LISTEN, default_value = "")]
+    pub grpc_listen: String,
     /// The keys secret values are sealed and opened with.
     #[command(flatten)]
     pub secrets_keys: SecretsKeys,
@@ -438,6 +453,48 @@ pub struct OperatorCredential {
     pub token: String,
 }
 
+/// Reads the decide tokens: `name:token` entries, as the operator tokens.
+fn decide_credentials(
+    knobs: &Knobs,
+    operators: &[OperatorCredential],
+) -> Result<Vec<OperatorCredential>, ConfigError> {
+    let mut credentials: Vec<OperatorCredential> = Vec::new();
+    for entry in knobs.decide_tokens.as_deref().unwrap_or_default().split(',').map(str::trim) {
+        if entry.is_empty() {
+            continue;
+        }
+        let Some((name, token)) = entry.split_once(':') else {
+            return Err(ConfigError::new(DECIDE_TOKENS, "every entry must be name:token"));
+        };
+        let (name, token) = (name.trim(), token.trim());
+        let name = audit::Actor::operator(name).map_err(|_| {
+            ConfigError::new(
+                DECIDE_TOKENS,
+                format!("caller name {name:?} must be 1 to 64 of A-Z a-z 0-9 . _ -"),
+            )
+        })?;
+        // The message names the caller, never the token.
+        if token.chars().count() < OPERATOR_TOKEN_MIN_CHARS {
+            return Err(ConfigError::new(
+                DECIDE_TOKENS,
+                format!("the token of {name} must be at least 16 characters; generate one with `openssl rand -hex 32`"),
+            ));
+        }
+        if credentials.iter().any(|known| known.name == name) {
+            return Err(ConfigError::new(DECIDE_TOKENS, format!("caller {name} is named twice")));
+        }
+        // A decide token may not open the operator routes, nor the other way round.
+        if credentials.iter().chain(operators).any(|known| known.token == token) {
+            return Err(ConfigError::new(
+                DECIDE_TOKENS,
+                format!("the token of {name} is another caller's or an operator's too"),
+            ));
+        }
+        credentials.push(OperatorCredential { name, token: token.to_owned() });
+    }
+    Ok(credentials)
+}
+
 /// Reads the operator tokens from both knobs.
 fn operator_credentials(knobs: &Knobs) -> Result<Vec<OperatorCredential>, ConfigError> {
     let mut credentials: Vec<OperatorCredential> = Vec::new();
@@ -530,6 +587,10 @@ pub struct Config {
     pub rule_usage_flush_interval: Duration,
     /// Where and how often metrics are pushed over OTLP, if anywhere.
     pub otlp: Option<OtlpConfig>,
+    /// Who may ask for decisions; empty: the decide API is off.
+    pub decide_callers: Vec<OperatorCredential>,
+    /// Where Envoy's rate limit service protocol is served, if anywhere.
+    pub grpc_listen: Option<SocketAddr>,
 }
 
 impl std::fmt::Debug for Config {
@@ -560,6 +621,11 @@ impl std::fmt::Debug for Config {
             .field("rules_poll_interval", &self.rules_poll_interval)
             .field("rule_usage_flush_interval", &self.rule_usage_flush_interval)
             .field("otlp", &self.otlp)
+            .field(
+                "decide_callers",
+                &self.decide_callers.iter().map(|caller| caller.name.as_str()).collect::<Vec<_>>(),
+            )
+            .field("grpc_listen", &self.grpc_listen)
             .finish()
     }
 }
@@ -589,6 +655,19 @@ impl Config {
         let database = database_options(knobs.database_url.as_deref())?;
 
         let operators = operator_credentials(knobs)?;
+        let decide_callers = decide_credentials(knobs, &operators)?;
+        let grpc_listen = match knobs.grpc_listen.trim() {
+            "" => None,
+            address => Some(address.parse().map_err(|error| {
+                ConfigError::new(GRPC_LISTEN, format!("not an address and port: {error}"))
+            })?),
+        };
+        if grpc_listen.is_some() && decide_callers.is_empty() {
+            return Err(ConfigError::new(
+                GRPC_LISTEN,
+                format!("serves decisions only to callers with a token: set {DECIDE_TOKENS} too"),
+            ));
+        }
 
         let keyring = knobs.secrets_keys.keyring()?;
 
@@ -646,7 +725,7 @@ impl Config {
             ratebudget::Coalescing { max_batch: knobs.take_batch_max, ..ratebudget::Coalescing::DEFAULT };
         // A take must give up on the store before the request gives up on the take: a request
         // whose database time ran out first would drop the take mid-wait, and its fail mode
-        // would never decide it (a 500 where LOCAL or OPEN should have answered).
+        // would never decide it (a 500 where STATIC or OPEN should have answered).
         if knobs.decision_timeout_ms >= knobs.database_timeout_ms {
             return Err(ConfigError::new(
                 DECISION_TIMEOUT_MS,
@@ -689,6 +768,8 @@ impl Config {
             rules_poll_interval: Duration::from_millis(knobs.rules_poll_interval_ms),
             rule_usage_flush_interval: Duration::from_millis(knobs.rule_usage_flush_interval_ms),
             otlp,
+            decide_callers,
+            grpc_listen,
         })
     }
 }

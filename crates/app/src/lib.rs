@@ -6,6 +6,7 @@ pub mod budgets;
 pub mod cli;
 pub mod config;
 pub mod credentials;
+pub mod decide;
 pub mod fill;
 pub mod http;
 pub mod leader;

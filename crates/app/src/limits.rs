@@ -19,22 +19,28 @@ use ratebudget::{Decision, Enforcement, Observer, RuleRef, Scope, Source, Take, 
 use ratebudget_tower::Reading;
 use smallvec::SmallVec;
 
+use crate::budgets::service_buckets;
 use crate::fill::{Decided, FillHistory};
 use crate::metrics::{Metrics, Outcome};
 use rules::{Counted, RuleRefs, Usage};
 
-/// The budgets a take spends, as the observer counts them: the position, the scope, and its
-/// enforcement. A named take counts under the scope it stands for, when it stands for one.
-fn budgets(take: &Take) -> SmallVec<[(Which, Scope, Enforcement); 2]> {
+/// The budgets a take spends, as the observer counts them: the position, the scope (`None`:
+/// another service's bucket, counted by its rule only), and its enforcement. A named take
+/// counts under the scope it stands for, when it stands for one.
+fn budgets(take: &Take) -> SmallVec<[(Which, Option<Scope>, Enforcement); 2]> {
     match take {
-        Take::Named(spend) => {
-            spend.limiter.scope().map(|scope| (Which::First, scope, spend.enforcement)).into_iter().collect()
-        }
-        // This project's takes are of its scopes' budgets; a budget of another name is not one
-        // of its five, and not counted as one.
+        Take::Named(spend) => spend
+            .limiter
+            .scope()
+            .map(|scope| (Which::First, Some(scope), spend.enforcement))
+            .into_iter()
+            .collect(),
+        // This project's takes are of its scopes' budgets, and other services' of theirs; a
+        // budget of any other name is neither, and not counted.
         _ => take
             .spends()
-            .filter_map(|(which, spend)| Some((which, spend.name.scope()?, spend.enforcement)))
+            .filter(|(_, spend)| spend.name.scope().is_some() || spend.name == service_buckets())
+            .map(|(which, spend)| (which, spend.name.scope(), spend.enforcement))
             .collect(),
     }
 }
@@ -47,7 +53,9 @@ fn count_undecided(metrics: &Metrics, take: &Take) {
         }
     }
     for (_, scope, _) in budgets(take) {
-        metrics.decision(scope, Outcome::error);
+        if let Some(scope) = scope {
+            metrics.decision(scope, Outcome::error);
+        }
     }
 }
 
@@ -108,8 +116,10 @@ impl DecisionObserver {
         }
     }
 
-    fn count(&self, scope: Scope, enforcement: Enforcement, now: DateTime<Utc>, outcome: Outcome) {
-        self.metrics.decision(scope, outcome);
+    fn count(&self, scope: Option<Scope>, enforcement: Enforcement, now: DateTime<Utc>, outcome: Outcome) {
+        if let Some(scope) = scope {
+            self.metrics.decision(scope, outcome);
+        }
         let Some(rule) = enforcement.rule else { return };
         let counted = match outcome {
             Outcome::granted | Outcome::fallback_granted | Outcome::open_granted => Counted::Granted,
@@ -122,7 +132,12 @@ impl DecisionObserver {
 
     /// Logs a shadow refusal: the first of a rule at once, then at most one line every
     /// [`SHADOW_LOG_EVERY`] with the number since, so a flood does not flood the log.
-    fn log_shadow_refusal(&self, scope: Scope, enforcement: Enforcement, retry_after: Option<Duration>) {
+    fn log_shadow_refusal(
+        &self,
+        scope: Option<Scope>,
+        enforcement: Enforcement,
+        retry_after: Option<Duration>,
+    ) {
         let Some(rule) = enforcement.rule else { return };
         let suppressed = {
             let mut logged = lock(&self.shadow_logged);
@@ -146,7 +161,7 @@ impl DecisionObserver {
         let rule_id = self.refs.id(rule).map(|id| id.to_string()).unwrap_or_default();
         tracing::info!(
             rule_id,
-            %scope,
+            scope = scope.map_or("(another service's)", Scope::as_str),
             retry_after_ms = retry_after.map(|wait| wait.as_millis() as u64),
             also_since_last_line = suppressed,
             "a shadow rule would have refused this request; admitted"
@@ -164,7 +179,9 @@ impl Observer for DecisionObserver {
     ) {
         let spent = budgets(take);
         for (_, scope, _) in &spent {
-            self.metrics.take_duration(*scope, elapsed);
+            if let Some(scope) = scope {
+                self.metrics.take_duration(*scope, elapsed);
+            }
         }
         let (decision, source) = match outcome {
             Ok(decided) => decided,
@@ -186,7 +203,9 @@ impl Observer for DecisionObserver {
         self.record_fill(take, decision, source, now);
         if matches!(source, Source::Fallback | Source::Open) {
             for (_, scope, _) in &spent {
-                self.metrics.set_fallback_active(*scope, true);
+                if let Some(scope) = scope {
+                    self.metrics.set_fallback_active(*scope, true);
+                }
             }
         }
         let refused = match decision {
@@ -220,14 +239,19 @@ impl Observer for DecisionObserver {
                 }
             }
         }
-        if let Some(reading) = Reading::binding(take, decision, now) {
+        // Another service's decision is that service's to report (`crate::decide`), never
+        // the fields of the request that asked for it.
+        let ours = spent.iter().all(|(_, scope, _)| scope.is_some());
+        if let Some(reading) = Reading::binding(take, decision, now).filter(|_| ours) {
             record_reading(reading);
         }
     }
 
     fn abandoned(&self, take: &Take, elapsed: Duration) {
         for (_, scope, _) in budgets(take) {
-            self.metrics.take_duration(scope, elapsed);
+            if let Some(scope) = scope {
+                self.metrics.take_duration(scope, elapsed);
+            }
         }
         count_undecided(&self.metrics, take);
     }

@@ -89,6 +89,14 @@ struct NamedLabels {
     outcome: Outcome,
 }
 
+/// A decision for another service: the service (one with rules, else `other`, so the label
+/// values stay as few as the services given rules) and `ok`, `over_limit` or `error`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServiceLabels {
+    service: String,
+    outcome: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ScopeLabels {
     scope: ScopeLabel,
@@ -157,6 +165,7 @@ pub struct Metrics {
     secret_changes_listening: Gauge,
     decisions: Family<DecisionLabels, Counter>,
     named_decisions: Family<NamedLabels, Counter>,
+    service_decisions: Family<ServiceLabels, Counter>,
     take_duration: Family<ScopeLabels, Histogram>,
     fallback_active: Family<ScopeLabels, Gauge>,
     connections_in_use: Family<PoolLabels, Gauge>,
@@ -212,6 +221,12 @@ impl Metrics {
             "named_limit_decisions",
             "Decisions of named (GCRA) limiters, such as auth_failure, by limiter and outcome",
             named_decisions.clone(),
+        );
+        let service_decisions = Family::<ServiceLabels, Counter>::default();
+        registry.register(
+            "decide_decisions",
+            "Decisions for other services (POST /v1/decide, Envoy's ShouldRateLimit), by service (one with rules, else other) and outcome (ok, over_limit, error)",
+            service_decisions.clone(),
         );
         let take_duration = Family::<ScopeLabels, Histogram>::new_with_constructor(|| {
             Histogram::new([0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0])
@@ -294,6 +309,7 @@ impl Metrics {
             secret_changes_listening,
             decisions,
             named_decisions,
+            service_decisions,
             take_duration,
             fallback_active,
             connections_in_use,
@@ -355,6 +371,11 @@ impl Metrics {
     /// Counts one decision of a named limiter.
     pub fn named_decision(&self, limiter: &'static str, outcome: Outcome) {
         self.named_decisions.get_or_create(&NamedLabels { limiter, outcome }).inc();
+    }
+
+    /// Counts one request decided for another service.
+    pub fn service_decision(&self, service: &str, outcome: &'static str) {
+        self.service_decisions.get_or_create(&ServiceLabels { service: service.to_owned(), outcome }).inc();
     }
 
     /// Records how long a take on `scope` took.

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::budgets::{self, RuleBudgets, Sources};
 use crate::config::Config;
 use crate::credentials::CredentialCache;
+use crate::decide::DecideService;
 use crate::fill::FillHistory;
 use crate::http::{self, AppState, OperatorTokens};
 use crate::leader::{self, LeaderTiming, Leadership};
@@ -72,6 +73,7 @@ struct Time {
 /// One running replica.
 pub struct Application {
     local_addr: SocketAddr,
+    grpc_addr: Option<SocketAddr>,
     shutdown: CancellationToken,
     leadership: Leadership,
     metrics: Metrics,
@@ -198,6 +200,8 @@ impl Application {
         let spender = Spender::new(decider.clone(), time.clock.clone(), rule_budgets.clone());
         let issuance: Arc<dyn access::Limiter> =
             Arc::new(access::RateBudgetIssuanceLimiter::new(spender.clone()));
+        let decide =
+            DecideService::new(rule_budgets.clone(), spender.clone(), time.clock.clone(), metrics.clone());
         let sources = Sources {
             rules: RulesService::new(Arc::new(PgRulesRepository::new(background_pool.clone()))),
             access: access::AccessService::new(
@@ -231,6 +235,8 @@ impl Application {
             budgets: store.clone(),
             guard: guard.clone(),
             operator_tokens: OperatorTokens::new(&config.operators),
+            decide_tokens: OperatorTokens::new(&config.decide_callers),
+            decide: decide.clone(),
             audit: Arc::new(audit::PgAuditLog::new(api_pool.clone())),
             credentials: credentials.clone(),
             readiness: http::probes::Readiness::new(api_pool.clone(), config.database_timeout),
@@ -259,6 +265,21 @@ impl Application {
             .await
             .with_context(|| format!("failed to listen on {}", config.listen))?;
         let local_addr = listener.local_addr()?;
+        let grpc_listener = match config.grpc_listen {
+            Some(address) => Some(
+                http::grpc::bind(address)
+                    .await
+                    .with_context(|| format!("failed to listen for gRPC on {address}"))?,
+            ),
+            None => None,
+        };
+        let grpc_addr = grpc_listener.as_ref().map(tokio::net::TcpListener::local_addr).transpose()?;
+        let grpc_server = http::grpc::RateLimitServer::new(
+            decide,
+            OperatorTokens::new(&config.decide_callers),
+            state.throttle.clone(),
+            config.database_timeout,
+        );
         // After the bind, the other step that can fail, and before the loops start: an export
         // dropped by a failed build would push once more, blocking the runtime meanwhile.
         let otlp = config
@@ -319,8 +340,25 @@ impl Application {
         tasks.add("the listener", listener::run(config.database.clone(), followers, shutdown.clone()));
         tasks.add("the rule and tier follower", rules);
         tasks.add("the rule usage flusher", usage);
-        tracing::info!(%local_addr, "serving");
-        Ok(Application { local_addr, shutdown, leadership, metrics, tasks, limiter_store: store, otlp })
+        if let Some(grpc_listener) = grpc_listener {
+            tasks.add("the gRPC server", http::grpc::serve(grpc_listener, grpc_server, shutdown.clone()));
+        }
+        tracing::info!(%local_addr, ?grpc_addr, "serving");
+        Ok(Application {
+            local_addr,
+            grpc_addr,
+            shutdown,
+            leadership,
+            metrics,
+            tasks,
+            limiter_store: store,
+            otlp,
+        })
+    }
+
+    /// The address Envoy's rate limit service protocol is served on, if it is.
+    pub fn grpc_addr(&self) -> Option<SocketAddr> {
+        self.grpc_addr
     }
 
     /// The address the API listens on (useful when the configured port was 0).

@@ -107,6 +107,12 @@ impl PeerAddress {
         PeerAddress { when_missing: WhenMissing::SpendAs(key.into()), ..self }
     }
 
+    /// The key a client at `ip` spends under, as text: `203.0.113.9`, or `2001:db8:1:2::/64`;
+    /// for a server that knows its peer otherwise than through axum (a gRPC server).
+    pub fn key_of(ip: IpAddr) -> String {
+        key_of(ip)
+    }
+
     /// The client's address key, as text: `203.0.113.9`, or `2001:db8:1:2::/64`.
     pub fn client(&self, request: &Parts) -> Option<String> {
         let ConnectInfo(peer) = request.extensions.get::<ConnectInfo<SocketAddr>>()?;

@@ -86,14 +86,38 @@ impl Reading {
     /// as it is. Scope and limiter names never are (lowercase ASCII letters, digits and
     /// underscores, the tables' CHECKs); only a hand-made reading could be.
     fn values(&self) -> Option<(HeaderValue, HeaderValue)> {
-        let printable = |byte: &u8| (b' '..=b'~').contains(byte) && *byte != b'"' && *byte != b'\\';
-        if !self.policy.as_bytes().iter().all(printable) {
-            return None;
-        }
-        let policy = format!("\"{}\";q={};w={}", self.policy, self.quota, self.window);
-        let state = format!("\"{}\";r={};t={}", self.policy, self.remaining, self.reset);
-        Some((HeaderValue::from_str(&policy).ok()?, HeaderValue::from_str(&state).ok()?))
+        field_values(self.policy, self.quota, self.window, self.remaining, self.reset)
     }
+}
+
+/// The two field values of a token bucket of `limit` under the policy name `policy` (a rule's
+/// id, say), as `fill` left it at `now` (`None`: empty), for a caller that builds its own
+/// response (a rate-limit service answering for another service); `None` for a name a
+/// structured-field string cannot hold as it is.
+pub fn bucket_fields(
+    policy: &str,
+    limit: Limit,
+    fill: Option<Fill>,
+    now: DateTime<Utc>,
+) -> Option<(HeaderValue, HeaderValue)> {
+    let reading = read("", limit, fill, now);
+    field_values(policy, reading.quota, reading.window, reading.remaining, reading.reset)
+}
+
+fn field_values(
+    policy: &str,
+    quota: u64,
+    window: u64,
+    remaining: u64,
+    reset: u64,
+) -> Option<(HeaderValue, HeaderValue)> {
+    let printable = |byte: &u8| (b' '..=b'~').contains(byte) && *byte != b'"' && *byte != b'\\';
+    if !policy.as_bytes().iter().all(printable) {
+        return None;
+    }
+    let policy_field = format!("\"{policy}\";q={quota};w={window}");
+    let state = format!("\"{policy}\";r={remaining};t={reset}");
+    Some((HeaderValue::from_str(&policy_field).ok()?, HeaderValue::from_str(&state).ok()?))
 }
 
 /// A named (GCRA) budget in the same fields: its cells are the tokens, and it is full again at

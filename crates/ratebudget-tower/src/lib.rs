@@ -35,7 +35,7 @@ pub use extract::{
     cost_fn, key_fn, BodyLength, CostExtractor, CostFn, EachRequest, HeaderKey, KeyExtractor, KeyFn,
     PeerAddress,
 };
-pub use fields::{retry_after_seconds, Reading, RATELIMIT, RATELIMIT_POLICY};
+pub use fields::{bucket_fields, retry_after_seconds, Reading, RATELIMIT, RATELIMIT_POLICY};
 pub use layer::{BudgetBody, BudgetLayer, Budgeted};
 /// `error` and each of its sources on one line: `ratebudget`'s, the one the layer logs with.
 pub use ratebudget::cause_chain;

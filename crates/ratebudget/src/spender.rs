@@ -56,6 +56,17 @@ impl Spender {
         self.spend_at(take, self.clock.now()).await
     }
 
+    /// Decides `take`, built by the caller (each spend carrying its own limit and
+    /// enforcement), at `now`, with the same shadow semantics as every take of this spender:
+    /// a refusal by a budget in [`Mode::Shadow`](crate::Mode::Shadow) is turned into an
+    /// admission, and the other budget of a pair is then taken alone.
+    ///
+    /// # Errors
+    /// As [`Decider::decide`].
+    pub async fn decide_at(&self, take: Take, now: DateTime<Utc>) -> Result<Decision, Undecided> {
+        self.spend_at(take, now).await
+    }
+
     /// [`Spender::spend`] at a given `now`.
     async fn spend_at(&self, take: Take, now: DateTime<Utc>) -> Result<Decision, Undecided> {
         let decision = self.decider.decide(take, now).await?;

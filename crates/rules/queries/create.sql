@@ -2,9 +2,10 @@
 -- statement: the rule, and plexsphere.record_rule_change (its history row, the rules'
 -- revision and the notification; migration 0057).
 --
--- Parameters: $1 rule_id, $2 scope, $3 selector tier (or NULL), $4 selector domain (or NULL),
--- $5 rate, $6 per_ms, $7 burst, $8 algorithm, $9 mode, $10 fail_mode, $11 priority,
--- $12 created_by, $13 the notification channel. Answers the rule as written, or no row when a
+-- Parameters: $1 rule_id, $2 service, $3 api (NULL for plexsphere's own), $4 scope (NULL for
+-- another service's), $5 selector (a JSON object, as text), $6 rate, $7 per_ms, $8 burst,
+-- $9 algorithm, $10 mode, $11 fail_mode, $12 priority, $13 created_by, $14 the notification
+-- channel. Answers the rule as written, or no row when a
 -- rule of that id exists (ON CONFLICT DO NOTHING: a concurrent creator wins or loses whole).
 --
 -- `RETURNING *` on purpose: the row is handed whole to record_rule_change as a
@@ -18,36 +19,34 @@ WITH previous AS (
 ),
 inserted AS (
     INSERT INTO plexsphere.rules (
-        rule_id, scope, selector, rate, per_ms, burst, algorithm, mode, fail_mode, priority,
-        version, created_by, updated_at
+        rule_id, service, api, scope, selector, rate, per_ms, burst, algorithm, mode, fail_mode,
+        priority, version, created_by, updated_at
     )
     SELECT
         $1::text,
         $2::text,
-        CASE
-            WHEN $3::text IS NOT NULL THEN jsonb_build_object('tier', $3::text)
-            WHEN $4::uuid IS NOT NULL THEN jsonb_build_object('domain', $4::uuid::text)
-            ELSE '{}'::jsonb
-        END,
-        $5::float8,
-        $6::integer,
-        $7::float8,
-        $8::text,
+        $3::text,
+        $4::text,
+        $5::jsonb,
+        $6::float8,
+        $7::integer,
+        $8::float8,
         $9::text,
         $10::text,
-        $11::integer,
+        $11::text,
+        $12::integer,
         previous.version + 1,
-        $12::text,
+        $13::text,
         now()
     FROM previous
     ON CONFLICT (rule_id) DO NOTHING
     RETURNING *
 )
 SELECT
-    rule_id, scope, selector ->> 'tier' AS selector_tier, selector ->> 'domain' AS selector_domain,
+    rule_id, service, api, scope, selector::text AS selector_json,
     rate, per_ms, burst, algorithm, mode, fail_mode, priority, version, created_by, updated_at,
     plexsphere.record_rule_change(
         ROW(inserted.*)::plexsphere.rules,
-        inserted.version, 'created', NULL, inserted.created_by, inserted.updated_at, $13::text
+        inserted.version, 'created', NULL, inserted.created_by, inserted.updated_at, $14::text
     ) AS revision
 FROM inserted

@@ -12,7 +12,7 @@
 -- The insert arm's version is the one after the history's last; a rollback racing a delete of
 -- the same id can compute the deletion's (see create.sql), and the caller retries.
 WITH target AS (
-    SELECT rule_id, scope, selector, rate, per_ms, burst, algorithm, mode, fail_mode, priority
+    SELECT rule_id, service, api, scope, selector, rate, per_ms, burst, algorithm, mode, fail_mode, priority
     FROM plexsphere.rule_versions
     WHERE rule_id = $1::text
       AND version = $2::bigint
@@ -25,17 +25,19 @@ previous AS (
 ),
 written AS (
     INSERT INTO plexsphere.rules (
-        rule_id, scope, selector, rate, per_ms, burst, algorithm, mode, fail_mode, priority,
-        version, created_by, updated_at
+        rule_id, service, api, scope, selector, rate, per_ms, burst, algorithm, mode, fail_mode,
+        priority, version, created_by, updated_at
     )
     SELECT
-        target.rule_id, target.scope, target.selector, target.rate, target.per_ms, target.burst,
+        target.rule_id, target.service, target.api, target.scope, target.selector, target.rate, target.per_ms, target.burst,
         target.algorithm, target.mode, target.fail_mode, target.priority, previous.version + 1,
         $3::text, now()
     FROM target
     CROSS JOIN previous
     ON CONFLICT (rule_id) DO UPDATE
     SET
+        service = EXCLUDED.service,
+        api = EXCLUDED.api,
         scope = EXCLUDED.scope,
         selector = EXCLUDED.selector,
         rate = EXCLUDED.rate,
@@ -51,14 +53,14 @@ written AS (
     RETURNING *, (xmax = 0) AS recreated
 )
 SELECT
-    rule_id, scope, selector ->> 'tier' AS selector_tier, selector ->> 'domain' AS selector_domain,
+    rule_id, service, api, scope, selector::text AS selector_json,
     rate, per_ms, burst, algorithm, mode, fail_mode, priority, version, created_by, updated_at,
     recreated,
     plexsphere.record_rule_change(
         ROW(
             written.rule_id, written.scope, written.selector, written.rate, written.per_ms,
             written.burst, written.algorithm, written.mode, written.fail_mode, written.priority,
-            written.version, written.created_by, written.updated_at
+            written.version, written.created_by, written.updated_at, written.service, written.api
         )::plexsphere.rules,
         written.version, 'rolled_back', $2::bigint, written.created_by, written.updated_at, $4::text
     ) AS revision

@@ -6,7 +6,7 @@
 -- channel, $5 the version the writer read. Answers the rule as written (never recreated), or
 -- no row.
 WITH target AS (
-    SELECT scope, selector, rate, per_ms, burst, algorithm, mode, fail_mode, priority
+    SELECT service, api, scope, selector, rate, per_ms, burst, algorithm, mode, fail_mode, priority
     FROM plexsphere.rule_versions
     WHERE rule_id = $1::text
       AND version = $2::bigint
@@ -15,6 +15,8 @@ WITH target AS (
 written AS (
     UPDATE plexsphere.rules AS rules
     SET
+        service = target.service,
+        api = target.api,
         scope = target.scope,
         selector = target.selector,
         rate = target.rate,
@@ -33,7 +35,7 @@ written AS (
     RETURNING rules.*
 )
 SELECT
-    rule_id, scope, selector ->> 'tier' AS selector_tier, selector ->> 'domain' AS selector_domain,
+    rule_id, service, api, scope, selector::text AS selector_json,
     rate, per_ms, burst, algorithm, mode, fail_mode, priority, version, created_by, updated_at,
     false AS recreated,
     plexsphere.record_rule_change(

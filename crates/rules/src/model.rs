@@ -7,6 +7,10 @@ use chrono::{DateTime, Utc};
 use ratebudget::{Limit, Scope};
 use uuid::Uuid;
 
+mod target;
+
+pub use target::{Api, Attributes, Pattern, Service, ServiceDraft, Target, MAX_ATTRIBUTES, OWN_SERVICE};
+
 #[cfg(test)]
 mod tests;
 
@@ -14,14 +18,14 @@ mod tests;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("invalid {field}: {reason}")]
 pub struct InvalidRule {
-    /// The field as the API names it: `rule_id`, `scope`, `selector`, `rate`, `per_ms`,
+    /// The field as the API names it: `rule_id`, `service`, `api`, `scope`, `selector`, `rate`, `per_ms`,
     /// `burst`, `algorithm`, `mode`, `fail_mode`, `priority`, `version` or `created_by`.
     pub field: &'static str,
     /// What it must be.
     pub reason: &'static str,
 }
 
-fn invalid(field: &'static str, reason: &'static str) -> InvalidRule {
+pub(crate) fn invalid(field: &'static str, reason: &'static str) -> InvalidRule {
     InvalidRule { field, reason }
 }
 
@@ -187,9 +191,12 @@ pub(crate) fn parse_fail_mode(text: &str) -> Result<FailMode, InvalidRule> {
 /// `TOKEN_BUCKET`, `ENFORCE`, `CLOSED`, priority 0.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RuleDraft {
-    /// The scope's text, e.g. `secret_read_node`.
+    /// Another service's rule: its service, API and selector. `None`: one of this project's
+    /// own budgets, which `scope` and `selector` name.
+    pub service: Option<ServiceDraft>,
+    /// The scope's text, e.g. `secret_read_node` (own rules only; empty otherwise).
     pub scope: String,
-    /// The Domains governed.
+    /// The Domains governed (own rules only; [`Selector::AllDomains`] otherwise).
     pub selector: Selector,
     /// Tokens added every `per_ms` milliseconds.
     pub rate: f64,
@@ -214,19 +221,27 @@ impl RuleDraft {
     /// Checks every field, in the order the struct lists them, and applies the defaults.
     ///
     /// # Errors
-    /// [`InvalidRule`] naming the first field that is wrong: `scope` (not one of the five),
+    /// [`InvalidRule`] naming the first field that is wrong: `service`, `api` or `selector`
+    /// (of another service's rule: [`ServiceDraft::validate`]), `scope` (not one of the five),
     /// `rate` (not above 0, or above 1e12 a second once divided by `per_ms`), `per_ms` (not 1
     /// to 86400000), `burst` (below 1, above 1e15, or not refilled from empty within an hour
     /// at `rate`: the rule `ratebudget::Limit::new` holds every budget to), `algorithm`,
     /// `mode`, `fail_mode` (not one of their texts; `GCRA` for a scope other than
-    /// `access_issuance_domain`), `priority` (outside a 32-bit integer).
+    /// `access_issuance_domain`, or for another service), `priority` (outside a 32-bit
+    /// integer).
     pub fn validate(self) -> Result<RuleSpec, InvalidRule> {
-        let scope: Scope = self.scope.parse().map_err(|_| {
-            invalid(
-                "scope",
-                "must be one of secret_read_node, secret_read_domain, access_issuance_domain, ingest_node, ingest_domain",
-            )
-        })?;
+        let target = match &self.service {
+            Some(service) => service.validate()?,
+            None => Target::Own {
+                scope: self.scope.parse().map_err(|_| {
+                    invalid(
+                        "scope",
+                        "must be one of secret_read_node, secret_read_domain, access_issuance_domain, ingest_node, ingest_domain",
+                    )
+                })?,
+                selector: self.selector,
+            },
+        };
         // Written so that NaN fails each comparison.
         if !(self.rate > 0.0 && self.rate.is_finite()) {
             return Err(invalid("rate", "must be a number above 0"));
@@ -253,11 +268,22 @@ impl RuleDraft {
             }
         })?;
         let algorithm = self.algorithm.as_deref().map_or(Ok(Algorithm::TokenBucket), parse_algorithm)?;
-        if algorithm == Algorithm::Gcra && scope != Scope::AccessIssuanceDomain {
-            return Err(invalid(
-                "algorithm",
-                "GCRA governs only access_issuance_domain: the other scopes are spent two at a time, in one token-bucket statement",
-            ));
+        match &target {
+            Target::Own { scope, .. }
+                if algorithm == Algorithm::Gcra && *scope != Scope::AccessIssuanceDomain =>
+            {
+                return Err(invalid(
+                    "algorithm",
+                    "GCRA governs only access_issuance_domain: the other scopes are spent two at a time, in one token-bucket statement",
+                ));
+            }
+            Target::Service { .. } if algorithm == Algorithm::Gcra => {
+                return Err(invalid(
+                    "algorithm",
+                    "a service's rules are TOKEN_BUCKET: the descriptors of one request are decided together, in one token-bucket statement",
+                ));
+            }
+            _ => {}
         }
         if algorithm == Algorithm::Gcra {
             // GCRA counts whole cells and whole microseconds: a rate it cannot enforce within
@@ -272,8 +298,7 @@ impl RuleDraft {
         let priority = i32::try_from(self.priority.unwrap_or(0))
             .map_err(|_| invalid("priority", "must be a whole number from -2147483648 to 2147483647"))?;
         Ok(RuleSpec {
-            scope,
-            selector: self.selector,
+            target,
             rate: self.rate,
             per_ms,
             burst: self.burst,
@@ -295,10 +320,9 @@ fn per_second(rate: f64, per_ms: u32) -> f64 {
 }
 
 /// A rule's content, checked: everything but its id, version and authorship.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct RuleSpec {
-    scope: Scope,
-    selector: Selector,
+    target: Target,
     rate: f64,
     per_ms: u32,
     burst: f64,
@@ -310,14 +334,25 @@ pub struct RuleSpec {
 }
 
 impl RuleSpec {
-    /// The budget governed.
-    pub fn scope(&self) -> Scope {
-        self.scope
+    /// What it governs.
+    pub fn target(&self) -> &Target {
+        &self.target
     }
 
-    /// The Domains governed.
-    pub fn selector(&self) -> Selector {
-        self.selector
+    /// The own budget governed; `None` for another service's rule.
+    pub fn scope(&self) -> Option<Scope> {
+        match &self.target {
+            Target::Own { scope, .. } => Some(*scope),
+            Target::Service { .. } => None,
+        }
+    }
+
+    /// The Domains governed; `None` for another service's rule.
+    pub fn selector(&self) -> Option<Selector> {
+        match &self.target {
+            Target::Own { selector, .. } => Some(*selector),
+            Target::Service { .. } => None,
+        }
     }
 
     /// Tokens added every [`RuleSpec::per_ms`] milliseconds.
@@ -384,8 +419,8 @@ impl RuleSpec {
         let (Some(old), Some(new)) = (old, new) else {
             return old.is_some() || new.is_some();
         };
-        let same_place = (old.scope, old.selector, old.priority, old.algorithm)
-            == (new.scope, new.selector, new.priority, new.algorithm);
+        let same_place =
+            (&old.target, old.priority, old.algorithm) == (&new.target, new.priority, new.algorithm);
         let no_larger =
             new.limit.per_second() <= old.limit.per_second() && new.limit.burst() <= old.limit.burst();
         !(same_place && no_larger)

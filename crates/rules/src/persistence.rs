@@ -13,7 +13,7 @@ use sqlx::{PgPool, Row};
 use crate::ports::{Created, Replaced, RolledBack};
 use crate::{
     Actor, Change, RepositoryError, Rule, RuleDraft, RuleId, RuleSpec, RuleVersion, RulesRepository,
-    Selector, UsageCount, UsageMinute, Version,
+    Selector, ServiceDraft, Target, UsageCount, UsageMinute, Version, OWN_SERVICE,
 };
 
 /// The channel every rule change is announced on, at commit; the payload is the rules'
@@ -94,21 +94,27 @@ fn stored_version(number: i64) -> Result<Version, RepositoryError> {
     Version::new(number).map_err(unavailable)
 }
 
-/// The binds every statement that writes a rule's content shares, `$2` to `$12`.
+/// The binds every statement that writes a rule's content shares, `$2` to `$13`.
 fn bind_spec<'q>(
     query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
     spec: &RuleSpec,
     actor: &Actor,
 ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
-    let (tier, domain) = match spec.selector() {
-        Selector::AllDomains => (None, None),
-        Selector::Tier(tier) => (Some(tier.as_str()), None),
-        Selector::Domain(domain) => (None, Some(domain)),
+    let target = spec.target();
+    let (api, scope) = match target {
+        Target::Own { scope, .. } => (None, Some(scope.as_str())),
+        Target::Service { api, .. } => (Some(api.as_str().to_owned()), None),
     };
+    let selector: serde_json::Map<String, serde_json::Value> = target
+        .pairs()
+        .into_iter()
+        .map(|(attribute, pattern)| (attribute.to_owned(), serde_json::Value::from(pattern.as_str())))
+        .collect();
     query
-        .bind(spec.scope().as_str())
-        .bind(tier)
-        .bind(domain)
+        .bind(target.service().to_owned())
+        .bind(api)
+        .bind(scope)
+        .bind(serde_json::Value::Object(selector).to_string())
         .bind(spec.rate())
         .bind(i32::try_from(spec.per_ms()).unwrap_or(i32::MAX))
         .bind(spec.burst())
@@ -123,18 +129,31 @@ fn bind_spec<'q>(
 /// model's rules, so content that fails them means the two have drifted apart: the store
 /// failing to answer, not a rule to act on.
 fn spec_from_row(row: &PgRow) -> Result<RuleSpec, RepositoryError> {
-    let tier: Option<String> = row.try_get("selector_tier").map_err(unavailable)?;
-    let domain: Option<String> = row.try_get("selector_domain").map_err(unavailable)?;
-    let selector = match (&tier, &domain) {
-        (Some(tier), None) => Selector::from_pairs([("tier", tier.as_str())]),
-        (None, Some(domain)) => Selector::from_pairs([("domain", domain.as_str())]),
-        _ => Selector::from_pairs([]),
+    let service: String = row.try_get("service").map_err(unavailable)?;
+    let selector_json: String = row.try_get("selector_json").map_err(unavailable)?;
+    let members: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&selector_json).map_err(unavailable)?;
+    let mut pairs = Vec::with_capacity(members.len());
+    for (attribute, value) in members {
+        let serde_json::Value::String(value) = value else {
+            return Err(RepositoryError(format!("a selector value of {attribute:?} is not a string").into()));
+        };
+        pairs.push((attribute, value));
     }
-    .map_err(unavailable)?;
+    let (service, scope, selector) = if service == OWN_SERVICE {
+        let selector = Selector::from_pairs(pairs.iter().map(|(key, value)| (key.as_str(), value.as_str())))
+            .map_err(unavailable)?;
+        let scope: Option<String> = row.try_get("scope").map_err(unavailable)?;
+        (None, scope.unwrap_or_default(), selector)
+    } else {
+        let api: Option<String> = row.try_get("api").map_err(unavailable)?;
+        (Some(ServiceDraft { service, api, selector: pairs }), String::new(), Selector::AllDomains)
+    };
     let per_ms: i32 = row.try_get("per_ms").map_err(unavailable)?;
     let priority: i32 = row.try_get("priority").map_err(unavailable)?;
     RuleDraft {
-        scope: row.try_get("scope").map_err(unavailable)?,
+        service,
+        scope,
         selector,
         rate: row.try_get("rate").map_err(unavailable)?,
         per_ms: Some(i64::from(per_ms)),
@@ -295,9 +314,14 @@ impl RulesRepository for PgRulesRepository {
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
-    async fn list(&self, scope: Option<Scope>) -> Result<Vec<Rule>, RepositoryError> {
+    async fn list<'a>(
+        &self,
+        scope: Option<Scope>,
+        service: Option<&'a str>,
+    ) -> Result<Vec<Rule>, RepositoryError> {
         let rows = sqlx::query(LIST)
             .bind(scope.map(Scope::as_str))
+            .bind(service)
             .fetch_all(&self.pool)
             .await
             .map_err(unavailable)?;
@@ -320,8 +344,12 @@ impl RulesRepository for PgRulesRepository {
             .map_err(unavailable)?;
         let revision: i64 =
             sqlx::query_scalar(REVISION).fetch_one(&mut *transaction).await.map_err(unavailable)?;
-        let rows =
-            sqlx::query(LIST).bind(None::<&str>).fetch_all(&mut *transaction).await.map_err(unavailable)?;
+        let rows = sqlx::query(LIST)
+            .bind(None::<&str>)
+            .bind(None::<&str>)
+            .fetch_all(&mut *transaction)
+            .await
+            .map_err(unavailable)?;
         transaction.commit().await.map_err(unavailable)?;
         Ok((revision, rows.iter().map(rule_from_row).collect::<Result<_, _>>()?))
     }

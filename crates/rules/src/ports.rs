@@ -116,7 +116,11 @@ pub trait RulesRepository: Send + Sync {
     ///
     /// # Errors
     /// As [`RulesRepository::get`].
-    async fn list(&self, scope: Option<Scope>) -> Result<Vec<Rule>, RepositoryError>;
+    async fn list<'a>(
+        &self,
+        scope: Option<Scope>,
+        service: Option<&'a str>,
+    ) -> Result<Vec<Rule>, RepositoryError>;
 
     /// Every version of rule `id`, oldest first; empty when it was never written.
     ///

@@ -124,8 +124,12 @@ impl RulesService {
     ///
     /// # Errors
     /// [`RepositoryError`] when the store could not answer.
-    pub async fn list(&self, scope: Option<Scope>) -> Result<Vec<Rule>, RepositoryError> {
-        self.repository.list(scope).await
+    pub async fn list(
+        &self,
+        scope: Option<Scope>,
+        service: Option<&str>,
+    ) -> Result<Vec<Rule>, RepositoryError> {
+        self.repository.list(scope, service).await
     }
 
     /// Every version of rule `id`, oldest first; `None` when it was never written.

@@ -1,25 +1,35 @@
-//! Which rule governs a Domain's budget: the rules compiled for resolution, per replica.
+//! Which rule governs a request: the rules compiled for resolution, per replica, by one path
+//! for this project's own budgets and for every other service's.
 //!
-//! Precedence, for one scope and one Domain:
+//! A request is a service, an API and attributes from general to specific (Envoy's
+//! descriptor entries). Among the rules of that service whose API is the request's or `*` and
+//! whose selector pairs are all among its attributes ([`Pattern::Any`] matching any value of
+//! its attribute):
 //!
-//! 1. the Domain's override (a rule selecting `{"domain": "<its id>"}`);
-//! 2. else its tier's template (`{"tier": "<its tier>"}`);
-//! 3. else an all-Domains rule (`{}`);
-//! 4. else no rule: the caller's default (the composition root's knobs).
+//! 1. the rule naming the most specific attribute (the latest position) wins; a rule with an
+//!    empty selector names none and comes after every rule that names one;
+//! 2. then a rule naming the API over one for `*`;
+//! 3. then the higher priority;
+//! 4. then the smaller rule id (so every replica picks the same one).
 //!
-//! Within a level, the rule of the highest priority wins; of equal priorities, the smallest
-//! rule id (so every replica picks the same one). A level with no rule for the scope defers
-//! to the next: an override of the secret reads says nothing about ingest.
+//! No rule matching: the request is unlimited (for this project's own budgets, the caller's
+//! default, the composition root's knobs). This project's own takes are the service
+//! [`OWN_SERVICE`](crate::OWN_SERVICE), the scope as the API and the attributes `tier` then
+//! `domain`, which makes the precedence a Domain's override, else its tier's template, else
+//! an all-Domains rule; a level with no rule for the scope defers to the next, so an override
+//! of the secret reads says nothing about ingest.
 
 use std::cmp::Reverse;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use ratebudget::Scope;
 use uuid::Uuid;
 
-use crate::{Rule, RuleId, RuleSpec, Selector, Tier};
+use crate::{Pattern, Target};
+use crate::{Rule, RuleId, RuleSpec, Selector, Tier, OWN_SERVICE};
 
-/// The level a rule governs at, most specific first.
+/// The level an own rule governs at, most specific first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Level {
     /// The Domain's own override.
@@ -49,7 +59,7 @@ impl Level {
     }
 }
 
-/// A rule that governs, and at which level.
+/// An own rule that governs, and at which level.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Resolved<'a> {
     /// The rule's position in [`Snapshot::rules`]: stable for the snapshot's life, so a caller
@@ -61,33 +71,104 @@ pub struct Resolved<'a> {
     pub level: Level,
 }
 
-/// Every rule as of one revision, indexed so that resolving a take costs at most three hash
-/// lookups. Immutable: a change is a new snapshot.
+/// A rule that matches a request, as [`Snapshot::matching`] ranks it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Matched<'a> {
+    /// The rule's position in [`Snapshot::rules`].
+    pub index: usize,
+    /// The rule.
+    pub rule: &'a Rule,
+    /// The position of the most specific attribute its selector names; `None` for an empty
+    /// selector.
+    pub position: Option<usize>,
+    /// Whether it names the request's API (rather than `*`).
+    pub names_the_api: bool,
+}
+
+/// A rule as the index holds it: its service, API and selector pairs, as text.
+#[derive(Clone, Debug)]
+struct Compiled {
+    pairs: Vec<(Arc<str>, Pattern)>,
+}
+
+/// One API's rules (or `*`'s), indexed by the first pair of their selectors.
+#[derive(Clone, Debug, Default)]
+struct ApiRules {
+    /// Rules whose selector is empty.
+    unconditional: Vec<usize>,
+    /// Per attribute: rules whose first pair is it, with `*`, and with each value.
+    by_attribute: HashMap<Arc<str>, AttributeRules>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct AttributeRules {
+    any_value: Vec<usize>,
+    by_value: HashMap<Arc<str>, Vec<usize>>,
+}
+
+impl ApiRules {
+    fn add(&mut self, index: usize, pairs: &[(Arc<str>, Pattern)]) {
+        match pairs.first() {
+            None => self.unconditional.push(index),
+            Some((attribute, pattern)) => {
+                let rules = self.by_attribute.entry(attribute.clone()).or_default();
+                match pattern {
+                    Pattern::Any => rules.any_value.push(index),
+                    Pattern::Exactly(value) => rules.by_value.entry(value.clone()).or_default().push(index),
+                }
+            }
+        }
+    }
+}
+
+/// One service's rules.
+#[derive(Clone, Debug, Default)]
+struct ServiceRules {
+    by_api: HashMap<Arc<str>, ApiRules>,
+    any_api: ApiRules,
+    /// Every rule of the service, in [`Snapshot::service_rules`]' order.
+    listed: Vec<usize>,
+}
+
+/// Every rule as of one revision, indexed so that resolving a request costs a few hash
+/// lookups per attribute. Immutable: a change is a new snapshot.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
     revision: i64,
     rules: Vec<Rule>,
-    /// Per scope and selector, the rules selecting exactly that, winner first.
-    ranked: HashMap<(Scope, Selector), Vec<usize>>,
+    compiled: Vec<Compiled>,
+    services: HashMap<Arc<str>, ServiceRules>,
 }
 
 impl Snapshot {
-    /// Where the rules that may have grown between `older` and this snapshot govern:
-    /// (scope, selector) of each, before and after ([`RuleSpec::may_grow`]), so a replica can forget
-    /// what it learned of those buckets.
+    /// Where the own rules that may have grown between `older` and this snapshot govern:
+    /// (scope, selector) of each, before and after ([`RuleSpec::may_grow`]), so a replica can
+    /// forget what it learned of those buckets.
     pub fn grown_since(&self, older: &Snapshot) -> std::collections::HashSet<(Scope, Selector)> {
-        use std::collections::{HashMap, HashSet};
-        let by_id = |snapshot: &Snapshot| -> HashMap<RuleId, RuleSpec> {
-            snapshot.rules().iter().map(|rule| (rule.id.clone(), rule.spec)).collect()
-        };
-        let (old, new) = (by_id(older), by_id(self));
-        let ids: HashSet<&RuleId> = old.keys().chain(new.keys()).collect();
-        let mut grown = HashSet::new();
-        for id in ids {
-            let (before, after) = (old.get(id), new.get(id));
+        let mut grown = std::collections::HashSet::new();
+        for (before, after) in changed(older, self) {
             if RuleSpec::may_grow(before, after) {
                 for spec in before.into_iter().chain(after) {
-                    grown.insert((spec.scope(), spec.selector()));
+                    if let Target::Own { scope, selector } = spec.target() {
+                        grown.insert((*scope, *selector));
+                    }
+                }
+            }
+        }
+        grown
+    }
+
+    /// The services some rule of which may have grown between `older` and this snapshot: a
+    /// service's buckets are keyed by its requests, so a replica forgets what it learned of
+    /// all of them.
+    pub fn services_grown_since(&self, older: &Snapshot) -> std::collections::HashSet<String> {
+        let mut grown = std::collections::HashSet::new();
+        for (before, after) in changed(older, self) {
+            if RuleSpec::may_grow(before, after) {
+                for spec in before.into_iter().chain(after) {
+                    if let Target::Service { service, .. } = spec.target() {
+                        grown.insert(service.as_str().to_owned());
+                    }
                 }
             }
         }
@@ -96,14 +177,42 @@ impl Snapshot {
 
     /// Compiles `rules`, which are the rules as of `revision`.
     pub fn compile(revision: i64, rules: Vec<Rule>) -> Snapshot {
-        let mut ranked: HashMap<(Scope, Selector), Vec<usize>> = HashMap::new();
+        let compiled: Vec<Compiled> = rules
+            .iter()
+            .map(|rule| Compiled {
+                pairs: rule
+                    .spec
+                    .target()
+                    .pairs()
+                    .into_iter()
+                    .map(|(attribute, pattern)| (Arc::<str>::from(attribute), pattern))
+                    .collect(),
+            })
+            .collect();
+        let mut services: HashMap<Arc<str>, ServiceRules> = HashMap::new();
         for (index, rule) in rules.iter().enumerate() {
-            ranked.entry((rule.spec.scope(), rule.spec.selector())).or_default().push(index);
+            let target = rule.spec.target();
+            let service = services.entry(target.service().into()).or_default();
+            let api_rules = match target.api() {
+                Some(api) => service.by_api.entry(api.into()).or_default(),
+                None => &mut service.any_api,
+            };
+            api_rules.add(index, &compiled[index].pairs);
+            service.listed.push(index);
         }
-        for indices in ranked.values_mut() {
-            indices.sort_by_key(|&index| (Reverse(rules[index].spec.priority()), rules[index].id.clone()));
+        for service in services.values_mut() {
+            // Named APIs first, then the more attributes named, then priority, then id.
+            service.listed.sort_by_key(|&index| {
+                let rule = &rules[index];
+                (
+                    rule.spec.target().api().is_none(),
+                    Reverse(compiled[index].pairs.len()),
+                    Reverse(rule.spec.priority()),
+                    rule.id.clone(),
+                )
+            });
         }
-        Snapshot { revision, rules, ranked }
+        Snapshot { revision, rules, compiled, services }
     }
 
     /// The snapshot of a store no rule was ever written to.
@@ -121,24 +230,101 @@ impl Snapshot {
         &self.rules
     }
 
-    /// The rule that governs `scope` for `domain`, which is in `tier`; `None` when no rule
+    /// The services that have rules (this project's own among them when it has any).
+    pub fn services(&self) -> impl Iterator<Item = &str> {
+        self.services.keys().map(|service| &**service)
+    }
+
+    /// Every rule of `service`: named APIs before `*`, then the more attributes named, then
+    /// the higher priority, then the smaller id. (Which one governs a request is
+    /// [`Snapshot::matching`]'s, by the attributes the request has.)
+    pub fn service_rules(&self, service: &str) -> Vec<&Rule> {
+        self.services
+            .get(service)
+            .map(|rules| rules.listed.iter().map(|&index| &self.rules[index]).collect())
+            .unwrap_or_default()
+    }
+
+    /// Every rule of `service` that matches a request for `api` with `attributes` (each an
+    /// attribute and its value, general to specific), in precedence order (see the module
+    /// documentation): the first governs, the rest are outranked.
+    pub fn matching(
+        &self,
+        service: &str,
+        api: Option<&str>,
+        attributes: &[(&str, &str)],
+    ) -> Vec<Matched<'_>> {
+        let Some(rules) = self.services.get(service) else { return Vec::new() };
+        let mut found: Vec<Matched<'_>> = Vec::new();
+        let named = api.and_then(|api| rules.by_api.get(api));
+        for (api_rules, names_the_api) in [(named, true), (Some(&rules.any_api), false)] {
+            let Some(api_rules) = api_rules else { continue };
+            let by_first_pair = attributes.iter().filter_map(|(attribute, value)| {
+                let rules = api_rules.by_attribute.get(*attribute)?;
+                Some(rules.any_value.iter().chain(rules.by_value.get(*value).into_iter().flatten()))
+            });
+            for &index in api_rules.unconditional.iter().chain(by_first_pair.flatten()) {
+                if found.iter().any(|matched| matched.index == index) {
+                    continue;
+                }
+                if let Some(position) = self.position(index, attributes) {
+                    found.push(Matched { index, rule: &self.rules[index], position, names_the_api });
+                }
+            }
+        }
+        found.sort_by(|a, b| {
+            b.position
+                .cmp(&a.position)
+                .then(b.names_the_api.cmp(&a.names_the_api))
+                .then(b.rule.spec.priority().cmp(&a.rule.spec.priority()))
+                .then_with(|| a.rule.id.cmp(&b.rule.id))
+        });
+        found
+    }
+
+    /// Whether rule `index`'s selector pairs are all among `attributes`: `None` if not, else
+    /// the position of the most specific attribute it names (`Some(None)`: it names none).
+    fn position(&self, index: usize, attributes: &[(&str, &str)]) -> Option<Option<usize>> {
+        let mut most_specific = None;
+        for (attribute, pattern) in &self.compiled[index].pairs {
+            let at = attributes
+                .iter()
+                .rposition(|(name, value)| *name == &**attribute && pattern.matches(value))?;
+            most_specific = most_specific.max(Some(at));
+        }
+        Some(most_specific)
+    }
+
+    /// The own rule that governs `scope` for `domain`, which is in `tier`; `None` when no rule
     /// selects it.
     pub fn resolve(&self, scope: Scope, domain: Uuid, tier: Tier) -> Option<Resolved<'_>> {
         self.candidates(scope, domain, tier).next()
     }
 
-    /// Every rule that selects `scope` for `domain`, in precedence order: the first governs,
-    /// the rest are outranked.
+    /// Every own rule that selects `scope` for `domain`, in precedence order: the first
+    /// governs, the rest are outranked.
     pub fn candidates(&self, scope: Scope, domain: Uuid, tier: Tier) -> impl Iterator<Item = Resolved<'_>> {
-        [Selector::Domain(domain), Selector::Tier(tier), Selector::AllDomains]
-            .into_iter()
-            .filter_map(move |selector| self.ranked.get(&(scope, selector)))
-            .flatten()
-            .map(|&index| {
-                let rule = &self.rules[index];
-                Resolved { index, rule, level: Level::of(rule.spec.selector()) }
-            })
+        let mut text = Uuid::encode_buffer();
+        let domain = &*domain.hyphenated().encode_lower(&mut text);
+        let attributes = [("tier", tier.as_str()), ("domain", domain)];
+        self.matching(OWN_SERVICE, Some(scope.as_str()), &attributes).into_iter().filter_map(|matched| {
+            let Target::Own { selector, .. } = matched.rule.spec.target() else { return None };
+            Some(Resolved { index: matched.index, rule: matched.rule, level: Level::of(*selector) })
+        })
     }
+}
+
+/// Each rule id's content in `older` and in `newer` (either absent), for the ids in either.
+fn changed<'a>(
+    older: &'a Snapshot,
+    newer: &'a Snapshot,
+) -> Vec<(Option<&'a RuleSpec>, Option<&'a RuleSpec>)> {
+    let by_id = |snapshot: &'a Snapshot| -> HashMap<&'a RuleId, &'a RuleSpec> {
+        snapshot.rules().iter().map(|rule| (&rule.id, &rule.spec)).collect()
+    };
+    let (old, new) = (by_id(older), by_id(newer));
+    let ids: std::collections::BTreeSet<&RuleId> = old.keys().chain(new.keys()).copied().collect();
+    ids.into_iter().map(|id| (old.get(id).copied(), new.get(id).copied())).collect()
 }
 
 #[cfg(test)]
@@ -150,6 +336,7 @@ mod tests {
 
     fn rule(id: &str, scope: Scope, selector: Selector, priority: i64) -> Rule {
         let spec = RuleDraft {
+            service: None,
             scope: scope.as_str().into(),
             selector,
             rate: 1.0,
@@ -174,6 +361,7 @@ mod tests {
     fn sized(id: &str, selector: Selector, rate: f64, burst: f64, priority: i64) -> Rule {
         let mut rule = rule(id, Scope::SecretReadNode, selector, priority);
         rule.spec = RuleDraft {
+            service: None,
             scope: "secret_read_node".into(),
             selector,
             rate,
@@ -230,7 +418,7 @@ mod tests {
         assert_eq!(grown, expected);
         // Only the rule that stayed and shrank, and the one that stayed, do not grow.
         let spec = |snapshot: &Snapshot, id: &str| {
-            snapshot.rules().iter().find(|rule| rule.id.as_str() == id).unwrap().spec
+            snapshot.rules().iter().find(|rule| rule.id.as_str() == id).unwrap().spec.clone()
         };
         assert!(!RuleSpec::may_grow(Some(&spec(&before, "shrinks")), Some(&spec(&after, "shrinks"))));
         assert!(!RuleSpec::may_grow(Some(&spec(&before, "same")), Some(&spec(&after, "same"))));
@@ -241,6 +429,7 @@ mod tests {
     #[test]
     fn a_rule_gives_its_takes_its_limit_algorithm_mode_and_fail_mode() {
         let mut draft = RuleDraft {
+            service: None,
             scope: "access_issuance_domain".into(),
             selector: Selector::AllDomains,
             rate: 2.0,
@@ -314,6 +503,86 @@ mod tests {
             snapshot.candidates(reads, acme, Tier::Premium).map(|r| r.rule.id.as_str()).collect();
         assert_eq!(order, ["acme-a", "acme-b", "premium-urgent", "premium", "all-high", "all-low"]);
         assert_eq!(snapshot.revision(), 9);
+    }
+
+    fn service_rule(id: &str, api: &str, selector: &[(&str, &str)], priority: i64) -> Rule {
+        let spec = RuleDraft {
+            service: Some(crate::ServiceDraft {
+                service: "directory".into(),
+                api: Some(api.into()),
+                selector: selector
+                    .iter()
+                    .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+                    .collect(),
+            }),
+            scope: String::new(),
+            selector: Selector::AllDomains,
+            rate: 1.0,
+            per_ms: None,
+            burst: 1.0,
+            algorithm: None,
+            mode: None,
+            fail_mode: None,
+            priority: Some(priority),
+        }
+        .validate()
+        .unwrap();
+        Rule {
+            id: RuleId::parse(id).unwrap(),
+            spec,
+            version: Version::new(1).unwrap(),
+            created_by: Actor::new("test").unwrap(),
+            updated_at: Utc::now(),
+        }
+    }
+
+    /// Another service's precedence: the latest attribute named, then a named API, then
+    /// priority, then the smaller id; `*` matches any value; every pair must be there.
+    #[test]
+    fn a_services_request_is_governed_by_the_most_specific_attribute_then_api_then_priority_then_id() {
+        let snapshot = Snapshot::compile(
+            3,
+            vec![
+                service_rule("everything", "*", &[], 0),
+                service_rule("users-any-sku", "GET /v1/users", &[("sku", "*")], 0),
+                service_rule("any-premium", "*", &[("sku", "premium")], 0),
+                service_rule("users-premium", "GET /v1/users", &[("sku", "premium")], 0),
+                service_rule("users-premium-urgent", "GET /v1/users", &[("sku", "premium")], 5),
+                service_rule("tenant-b", "*", &[("tenant", "contoso")], 0),
+                service_rule("tenant-a", "*", &[("tenant", "contoso")], 0),
+                service_rule("eu-premium", "GET /v1/groups", &[("region", "eu"), ("sku", "premium")], 0),
+            ],
+        );
+        let winner = |api: &str, attributes: &[(&str, &str)]| {
+            let matched = snapshot.matching("directory", Some(api), attributes);
+            matched.first().map(|matched| matched.rule.id.as_str().to_owned())
+        };
+        let users = "GET /v1/users";
+        assert_eq!(winner(users, &[("sku", "premium"), ("tenant", "contoso")]).as_deref(), Some("tenant-a"));
+        assert_eq!(
+            winner(users, &[("sku", "premium"), ("tenant", "fabrikam")]).as_deref(),
+            Some("users-premium-urgent")
+        );
+        assert_eq!(winner(users, &[("sku", "free")]).as_deref(), Some("users-any-sku"));
+        assert_eq!(winner("GET /v1/orders", &[("sku", "premium")]).as_deref(), Some("any-premium"));
+        assert_eq!(winner("GET /v1/groups", &[("sku", "premium")]).as_deref(), Some("any-premium"));
+        assert_eq!(
+            winner("GET /v1/groups", &[("region", "eu"), ("sku", "premium")]).as_deref(),
+            Some("eu-premium")
+        );
+        // An attribute's position, not the selector's order, makes it specific.
+        assert_eq!(
+            winner("GET /v1/groups", &[("sku", "premium"), ("region", "eu")]).as_deref(),
+            Some("eu-premium")
+        );
+        assert_eq!(winner("GET /v1/orders", &[("colour", "blue")]).as_deref(), Some("everything"));
+        // Another service, or our own, shares nothing with it.
+        assert!(snapshot.matching("billing", Some(users), &[("sku", "premium")]).is_empty());
+        assert_eq!(snapshot.resolve(Scope::IngestNode, Uuid::new_v4(), Tier::Premium), None);
+        let listed: Vec<&str> =
+            snapshot.service_rules("directory").iter().map(|rule| rule.id.as_str()).collect();
+        assert_eq!(listed[0], "eu-premium", "named APIs first, the more attributes first: {listed:?}");
+        assert_eq!(listed.len(), 8);
     }
 
     #[test]

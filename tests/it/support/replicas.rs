@@ -77,6 +77,8 @@ impl Answer {
 
 pub(crate) struct Replica {
     api: Api,
+    /// Where Envoy's rate limit service protocol is served, when it is.
+    pub(crate) grpc: Option<std::net::SocketAddr>,
     pub(crate) leadership: Leadership,
     stop: CancellationToken,
     task: JoinHandle<anyhow::Result<()>>,
@@ -106,10 +108,11 @@ impl Replica {
     pub(crate) async fn start_with(config: Config, wiring: Wiring) -> Replica {
         let application = Application::build(config, wiring).await.unwrap();
         let api = Api::new(application.local_addr());
+        let grpc = application.grpc_addr();
         let leadership = application.leadership();
         let stop = application.shutdown_token();
         let task = tokio::spawn(application.run_until_stopped());
-        Replica { api, leadership, stop, task }
+        Replica { api, grpc, leadership, stop, task }
     }
 
     /// Stops the replica gracefully and waits until it has released everything.

@@ -33,8 +33,13 @@ impl OperatorTokens {
         }
     }
 
-    /// The operator whose token `presented` is.
-    fn operator(&self, presented: &str) -> Option<audit::Actor> {
+    /// Whether no token is configured.
+    pub fn is_empty(&self) -> bool {
+        self.operators.is_empty()
+    }
+
+    /// The name whose token `presented` is.
+    pub(super) fn find(&self, presented: &str) -> Option<audit::Actor> {
         let presented: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
         let mut found = None;
         for (name, digest) in self.operators.iter() {
@@ -47,7 +52,7 @@ impl OperatorTokens {
 }
 
 /// The text after `Bearer ` in the Authorization header, if there is one.
-fn bearer(parts: &Parts) -> Option<&str> {
+pub(super) fn bearer(parts: &Parts) -> Option<&str> {
     let value = parts.headers.get(AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|token| !token.is_empty())
@@ -75,7 +80,7 @@ impl FromRequestParts<AppState> for Operator {
         // A 401 here spends from the client address's failure budget in the throttle's layer
         // around the route (throttle.rs); the operator's own token is never throttled.
         let name = bearer(parts)
-            .and_then(|token| state.operator_tokens.operator(token))
+            .and_then(|token| state.operator_tokens.find(token))
             .ok_or(ApiError::Unauthorized)?;
         // Every later line of this request's log names the operator.
         tracing::Span::current().record("operator", tracing::field::display(&name));
@@ -120,7 +125,8 @@ impl FromRequestParts<AppState> for NodeCaller {
 /// for its address's failed authentications before it is authenticated (throttle.rs).
 pub(super) fn vouched_for(state: &AppState, parts: &Parts) -> bool {
     let Some(presented) = bearer(parts) else { return false };
-    state.operator_tokens.operator(presented).is_some()
+    state.operator_tokens.find(presented).is_some()
+        || state.decide_tokens.find(presented).is_some()
         || access::NodeToken::parse(presented)
             .is_ok_and(|token| state.credentials.get(token.hash().as_bytes()).is_ok())
 }
@@ -149,7 +155,7 @@ mod tests {
             credential("alice", "alice-token-0123456789"),
             credential("bob", "bob-token-0123456789"),
         ]);
-        assert_eq!(tokens.operator("bob-token-0123456789").unwrap().as_str(), "bob");
-        assert!(tokens.operator("bob-token-012345678").is_none());
+        assert_eq!(tokens.find("bob-token-0123456789").unwrap().as_str(), "bob");
+        assert!(tokens.find("bob-token-012345678").is_none());
     }
 }

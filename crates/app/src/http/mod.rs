@@ -6,7 +6,9 @@
 mod auth;
 pub mod bodies;
 mod deadline;
+mod decide;
 mod error;
+pub mod grpc;
 mod node;
 mod operator;
 mod overview;
@@ -64,6 +66,10 @@ pub struct AppState {
     pub guard: Arc<ratebudget::Guard>,
     /// The operator routes' tokens, by operator.
     pub operator_tokens: OperatorTokens,
+    /// The tokens of callers that ask for decisions (empty: the decide API is off).
+    pub decide_tokens: OperatorTokens,
+    /// Decisions for other services.
+    pub decide: crate::decide::DecideService,
     /// Failed authentications per client address, across replicas.
     pub throttle: throttle::AuthThrottle,
     /// Where every operator action is recorded.
@@ -200,6 +206,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/rules/{rule_id}/usage", get(rule_routes::rule_usage))
         .route("/v1/status", get(overview::status))
         .route("/v1/fill/{key}", get(overview::fill))
+        .route("/v1/decide", post(decide::decide))
+        .route("/v1/snapshot", get(decide::snapshot))
         .layer(DefaultBodyLimit::max(OPERATOR_BODY_LIMIT))
         .route("/v1/secrets/{name}", get(node::read_secret))
         .route("/v1/ingest", post(node::ingest).layer(DefaultBodyLimit::max(max_batch)))

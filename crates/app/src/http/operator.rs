@@ -111,8 +111,8 @@ pub(super) async fn create_domain(
     let subject = audit::Subject { domain_id: Some(domain.id.as_uuid()), ..audit::Subject::default() };
     record(&state, operator.0, audit::Action::CreateDomain, subject).await?;
     let body = DomainBody {
-        issuance_per_second: issuance.map(|spec| spec.limit().per_second()),
-        issuance_burst: issuance.map(|spec| spec.burst()),
+        issuance_per_second: issuance.as_ref().map(|spec| spec.limit().per_second()),
+        issuance_burst: issuance.as_ref().map(|spec| spec.burst()),
         ..domain_body(&domain)
     };
     Ok((StatusCode::CREATED, Json(body)).into_response())
@@ -129,6 +129,7 @@ fn issuance_override(
 ) -> Result<rules::RuleSpec, ApiError> {
     let default = state.rule_budgets.default_policy(ratebudget::Scope::AccessIssuanceDomain);
     let draft = rules::RuleDraft {
+        service: None,
         scope: ratebudget::Scope::AccessIssuanceDomain.as_str().to_owned(),
         selector: rules::Selector::Domain(domain.as_uuid()),
         rate: per_second,

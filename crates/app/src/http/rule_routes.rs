@@ -30,10 +30,15 @@ pub(super) struct RuleBody {
     updated_at: DateTime<Utc>,
 }
 
-/// A rule's content as the API shows it.
+/// A rule's content as the API shows it: this project's own rules have a `scope`, other
+/// services' an `api`.
 #[derive(Serialize)]
 pub(super) struct SpecBody {
-    scope: &'static str,
+    service: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    api: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scope: Option<&'static str>,
     selector: Value,
     rate: f64,
     per_ms: u32,
@@ -52,10 +57,31 @@ pub(super) fn selector_json(selector: rules::Selector) -> Value {
     }
 }
 
-fn spec_body(spec: &rules::RuleSpec) -> SpecBody {
+/// A rule's selector as the API shows it: `{}`, `{"tier": ...}`, `{"domain": ...}`, or a
+/// service's attributes.
+pub(super) fn target_selector_json(target: &rules::Target) -> Value {
+    match target {
+        rules::Target::Own { selector, .. } => selector_json(*selector),
+        rules::Target::Service { selector, .. } => Value::Object(
+            selector
+                .pairs()
+                .iter()
+                .map(|(attribute, pattern)| (attribute.to_string(), Value::from(pattern.as_str())))
+                .collect(),
+        ),
+    }
+}
+
+pub(super) fn spec_body(spec: &rules::RuleSpec) -> SpecBody {
+    let target = spec.target();
     SpecBody {
-        scope: spec.scope().as_str(),
-        selector: selector_json(spec.selector()),
+        service: target.service().to_owned(),
+        api: match target {
+            rules::Target::Service { api, .. } => Some(api.as_str().to_owned()),
+            rules::Target::Own { .. } => None,
+        },
+        scope: spec.scope().map(ratebudget::Scope::as_str),
+        selector: target_selector_json(target),
         rate: spec.rate(),
         per_ms: spec.per_ms(),
         burst: spec.burst(),
@@ -132,19 +158,27 @@ impl Fields {
         self.take(name, "a whole number", Value::as_i64)
     }
 
-    fn selector(&mut self) -> Result<Option<rules::Selector>, ApiError> {
-        let shape = "an object such as {}, {\"tier\": \"premium\"} or {\"domain\": \"<uuid>\"}";
+    /// The selector's members, each a key and a string value.
+    fn selector_pairs(&mut self, shape: &str) -> Result<Option<Vec<(String, String)>>, ApiError> {
         let Some(members) = self.take("selector", shape, |value| value.as_object().cloned())? else {
             return Ok(None);
         };
         let mut pairs = Vec::with_capacity(members.len());
-        for (key, value) in &members {
-            let text = value
-                .as_str()
-                .ok_or_else(|| ApiError::bad_request(format!("invalid selector: must be {shape}")))?;
-            pairs.push((key.as_str(), text));
+        for (key, value) in members {
+            let Value::String(text) = value else {
+                return Err(ApiError::bad_request(format!("invalid selector: must be {shape}")));
+            };
+            pairs.push((key, text));
         }
-        Ok(Some(rules::Selector::from_pairs(pairs)?))
+        Ok(Some(pairs))
+    }
+
+    fn selector(&mut self) -> Result<Option<rules::Selector>, ApiError> {
+        let shape = "an object such as {}, {\"tier\": \"premium\"} or {\"domain\": \"<uuid>\"}";
+        let Some(pairs) = self.selector_pairs(shape)? else { return Ok(None) };
+        Ok(Some(rules::Selector::from_pairs(
+            pairs.iter().map(|(key, value)| (key.as_str(), value.as_str())),
+        )?))
     }
 
     /// Fails on any member not taken: a misspelt field must not be silently ignored.
@@ -160,13 +194,39 @@ fn required<T>(value: Option<T>, name: &'static str) -> Result<T, ApiError> {
     value.ok_or_else(|| ApiError::bad_request(format!("invalid {name}: required")))
 }
 
-/// A rule's content from a `PUT` body: `scope`, `selector`, `rate` and `burst` required;
-/// `per_ms`, `algorithm`, `mode`, `fail_mode` and `priority` defaulted.
+/// A rule's content from a `PUT` body: `rate` and `burst` required; `per_ms`, `algorithm`,
+/// `mode`, `fail_mode` and `priority` defaulted; `service` defaulted to `plexsphere`, whose
+/// rules require `scope` and `selector` (`{}`, a tier or a Domain), where another service's
+/// take `api` (defaulted to `*`) and require `selector` (a flat object of strings).
 fn parse_rule(body: Result<Bytes, BytesRejection>) -> Result<rules::RuleSpec, ApiError> {
     let mut fields = Fields::parse(body)?;
+    let service = fields.string("service")?.filter(|service| service != rules::OWN_SERVICE);
+    let (service, scope, selector) = match service {
+        None => {
+            if fields.0.contains_key("api") {
+                return Err(ApiError::bad_request(
+                    "invalid api: plexsphere's own rules name a scope; only another service's rules name an api",
+                ));
+            }
+            let scope = required(fields.string("scope")?, "scope")?;
+            (None, scope, required(fields.selector()?, "selector")?)
+        }
+        Some(service) => {
+            if fields.0.contains_key("scope") {
+                return Err(ApiError::bad_request(
+                    "invalid scope: only plexsphere's own rules name a scope; another service's rules name an api",
+                ));
+            }
+            let api = fields.string("api")?;
+            let shape = "a flat object of string values, such as {} or {\"tenant\": \"contoso\"}";
+            let selector = required(fields.selector_pairs(shape)?, "selector")?;
+            (Some(rules::ServiceDraft { service, api, selector }), String::new(), rules::Selector::AllDomains)
+        }
+    };
     let draft = rules::RuleDraft {
-        scope: required(fields.string("scope")?, "scope")?,
-        selector: required(fields.selector()?, "selector")?,
+        service,
+        scope,
+        selector,
         rate: required(fields.number("rate")?, "rate")?,
         per_ms: fields.integer("per_ms")?,
         burst: required(fields.number("burst")?, "burst")?,
@@ -246,9 +306,11 @@ pub(super) async fn get_rule(
 #[serde(deny_unknown_fields)]
 pub(super) struct ListQuery {
     scope: Option<String>,
+    service: Option<String>,
 }
 
-/// `GET /v1/rules?scope=...`: every rule, or every rule of one scope, by id.
+/// `GET /v1/rules?scope=...&service=...`: every rule, or every rule of one scope or one
+/// service, by id.
 pub(super) async fn list_rules(
     _: Operator,
     State(state): State<AppState>,
@@ -260,7 +322,10 @@ pub(super) async fn list_rules(
         .map(|scope| scope.parse::<ratebudget::Scope>())
         .transpose()
         .map_err(|error| ApiError::bad_request(format!("invalid scope: {error}")))?;
-    let rules = state.bounded("listing rules", state.rules.list(scope)).await??;
+    let service = query.service.map(|service| rules::Service::parse(&service)).transpose()?;
+    let rules = state
+        .bounded("listing rules", state.rules.list(scope, service.as_ref().map(rules::Service::as_str)))
+        .await??;
     Ok(Json(rules.iter().map(rule_body).collect()))
 }
 

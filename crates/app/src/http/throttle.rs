@@ -19,6 +19,7 @@
 //! (`ratebudget_tower::PeerAddress`).
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,7 +27,9 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 use ipnet::IpNet;
 use ratebudget::{Clock, Decider, Enforcement, FailMode, Guard, Limit, LimiterName};
-use ratebudget_tower::{BudgetLayer, EachRequest, NamedBudget, PeerAddress, RequestKey};
+use ratebudget_tower::{
+    Answer, BudgetLayer, EachRequest, NamedBudget, PeerAddress, RequestBudget, RequestKey,
+};
 
 /// The named limiter failed authentications spend from.
 pub const AUTH_FAILURE: &str = "auth_failure";
@@ -56,7 +59,7 @@ fn limiter() -> LimiterName {
 }
 
 impl AuthThrottle {
-    /// Failures decided through `decider` (the clock gate in front of `guard`) at `clock`'s
+    /// Failures decided through `decider` (the guard, which decides nothing while the clock cannot be trusted) at `clock`'s
     /// now, `limit` per address; `guard` also answers what is already known to be refused.
     pub fn new(
         decider: Arc<dyn Decider>,
@@ -81,7 +84,7 @@ impl AuthThrottle {
     /// address whose budget this replica already knows to be spent is answered 429 before
     /// the route runs, so before any credential lookup, unless `vouched_for` says the request
     /// carries a credential this replica already knows to be valid. A failure that cannot be
-    /// counted (the clock gate or the store cannot answer) stays a 401: the credentials were
+    /// counted (the clock cannot be trusted, or the store cannot answer) stays a 401: the credentials were
     /// wrong whatever the budget.
     pub fn layer(
         &self,
@@ -94,6 +97,30 @@ impl AuthThrottle {
             .refusal("auth_rate_limited", "too many failed authentications from this address")
             .on_refusal(move |client| log_refused(&logged, client))
     }
+}
+
+impl AuthThrottle {
+    /// Whether `client`'s failures are already known to be spent on this replica: for a server
+    /// the layer is not around (the gRPC API), to refuse before looking at the credential.
+    pub fn known_spent(&self, client: IpAddr) -> bool {
+        self.budget.known_refusal(&address_key(client), 1).is_some()
+    }
+
+    /// Counts one failed authentication of `client`, as the layer counts a 401; `true` when
+    /// the address's budget refused it (the caller answers as throttled, not unauthenticated).
+    /// A failure that cannot be counted is not a refusal.
+    pub async fn count_failure(&self, client: IpAddr) -> bool {
+        let key = address_key(client);
+        let refused = matches!(self.budget.spend(&key, 1).await, Ok(Answer::Refused(_)));
+        if refused {
+            log_refused(&self.logged, &key);
+        }
+        refused
+    }
+}
+
+fn address_key(client: IpAddr) -> RequestKey {
+    RequestKey::new(PeerAddress::key_of(client).as_bytes())
 }
 
 /// Says that `client`'s failures are throttled, at most once a minute per address.

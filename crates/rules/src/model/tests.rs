@@ -2,6 +2,7 @@ use super::*;
 
 fn draft() -> RuleDraft {
     RuleDraft {
+        service: None,
         scope: "secret_read_node".into(),
         selector: Selector::AllDomains,
         rate: 10.0,
@@ -65,6 +66,7 @@ fn a_gcra_rule_names_a_rate_gcra_cannot_enforce_within_one_percent() {
     // GCRA counts whole microseconds: 7e5 a second would be enforced as 5e5 (or, rounded to
     // the nearest, as 1e6), so it is refused naming the rate; 5e5 divides 1e6 and is exact.
     let gcra = |rate: f64| RuleDraft {
+        service: None,
         scope: "access_issuance_domain".into(),
         algorithm: Some("GCRA".into()),
         rate,

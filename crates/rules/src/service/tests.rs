@@ -10,6 +10,7 @@ fn id() -> RuleId {
 
 fn spec() -> RuleSpec {
     RuleDraft {
+        service: None,
         scope: "secret_read_node".into(),
         selector: Selector::AllDomains,
         rate: 5.0,

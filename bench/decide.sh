@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# plexsphere as a rate-limit service under load (issue 23): decisions a second through Envoy's
+# gRPC protocol (ShouldRateLimit) and through POST /v1/decide, 64 requests in flight, for one
+# hot tenant and for 100,000 random tenants, against pgbench's single-statement take at 64
+# clients on the same database in the same run (PostgreSQL's one-statement-per-decision
+# ceiling). A release build of the binary serves; the rule admits everything, so what is
+# measured is deciding, not refusing.
+#
+#   bash bench/decide.sh
+#
+# Knobs: DATABASE_ADMIN_URL (default the local cluster), SECONDS_PER_RUN (10), IN_FLIGHT (64),
+# TENANTS (100000). Needs wrk (Debian's package) for the HTTP runs; installs it when missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+admin_url="${DATABASE_ADMIN_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+database=plexsphere_decide_bench
+url="${admin_url%/*}/$database"
+seconds="${SECONDS_PER_RUN:-10}"
+in_flight="${IN_FLIGHT:-64}"
+tenants="${TENANTS:-100000}"
+http_port=18080
+grpc_port=18081
+operator=bench-operator-token-0123456789
+token=bench-decide-token-0123456789
+work=$(mktemp -d)
+server_pid=
+cleanup() {
+    if [ -n "$server_pid" ]; then
+        kill "$server_pid" 2>/dev/null || true
+        wait "$server_pid" 2>/dev/null || true
+    fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk; }
+
+echo "building (release)..." >&2
+cargo build -q --release -p app --bin plexsphere --example decide_load
+binary=target/release/plexsphere
+load=target/release/examples/decide_load
+
+psql -q "$admin_url" -c "DROP DATABASE IF EXISTS $database WITH (FORCE)" -c "CREATE DATABASE $database"
+DATABASE_URL="$url" "$binary" migrate >/dev/null
+
+DATABASE_URL="$url" PLEXSPHERE_OPERATOR_TOKEN=$operator \
+    PLEXSPHERE_SECRETS_KEY=ZGV2ZWxvcG1lbnQta2V5LW5ldmVyLXByb2R1Y3Rpb24= \
+    PLEXSPHERE_DECIDE_TOKENS="bench:$token" PLEXSPHERE_LISTEN=127.0.0.1:$http_port \
+    PLEXSPHERE_GRPC_LISTEN=127.0.0.1:$grpc_port RUST_LOG=warn \
+    "$binary" serve > "$work/server.log" 2>&1 &
+server_pid=$!
+for _ in $(seq 1 100); do
+    curl -fs "localhost:$http_port/readyz" >/dev/null && break
+    sleep 0.1
+done
+curl -fs "localhost:$http_port/readyz" >/dev/null || { cat "$work/server.log" >&2; exit 1; }
+
+# Every tenant of the API has its own bucket, large enough never to refuse.
+curl -fs -X PUT "localhost:$http_port/v1/rules/bench-per-tenant" -H "Authorization: Bearer $operator" \
+    -d '{"service": "bench", "api": "GET /v1/users", "selector": {"tenant": "*"}, "rate": 1e9, "burst": 1e9}' >/dev/null
+
+grpc_run() {
+    "$load" "127.0.0.1:$grpc_port" "$token" "$in_flight" "$seconds" "$1"
+}
+
+# wrk posts the same request as JSON, a tenant per request.
+cat > "$work/decide.lua" <<LUA
+wrk.method = "POST"
+wrk.headers["Authorization"] = "Bearer $token"
+wrk.headers["Content-Type"] = "application/json"
+local tenants = tonumber(os.getenv("TENANTS_FOR_WRK"))
+request = function()
+    local tenant = "hot"
+    if tenants then tenant = "t" .. math.random(0, tenants - 1) end
+    return wrk.format(nil, "/v1/decide", nil,
+        '{"domain":"bench","descriptors":[{"entries":[{"key":"api","value":"GET /v1/users"},{"key":"tenant","value":"' .. tenant .. '"}]}]}')
+end
+LUA
+http_run() {
+    local out
+    out=$(TENANTS_FOR_WRK="$1" wrk -t2 -c"$in_flight" -d"${seconds}s" --latency -s "$work/decide.lua" "http://127.0.0.1:$http_port" 2>&1)
+    local rps p50 p99 non2xx
+    rps=$(echo "$out" | sed -n 's/^Requests\/sec: *\([0-9.]*\).*/\1/p')
+    p50=$(echo "$out" | sed -n 's/^ *50% *\(.*\)$/\1/p')
+    p99=$(echo "$out" | sed -n 's/^ *99% *\(.*\)$/\1/p')
+    non2xx=$(echo "$out" | sed -n 's/^ *Non-2xx or 3xx responses: *\([0-9]*\).*/\1/p')
+    echo "decisions/s ${rps:-0} p50 ${p50:-?} p99 ${p99:-?} non_2xx ${non2xx:-0}"
+}
+
+# pgbench: take.sql itself, on the bucket name the service uses, a key per tenant.
+statement() {
+    grep -v '^[[:space:]]*--' "crates/ratebudget/queries/$1.sql" | sed -e '$s/$/;/'
+}
+{
+    echo "\\set k random(1, $tenants)"
+    statement take | sed -e 's/\$1::text/:scope::text/g' -e 's/\$2::uuid/md5(:k::text)::uuid/g' \
+        -e 's/\$3::/:cost::/g' -e 's/\$4::/:rate::/g' -e 's/\$5::/:burst::/g' -e 's/\$6::/now()::/g'
+} > "$work/random.sql"
+{
+    statement take | sed -e 's/\$1::text/:scope::text/g' -e 's/\$2::uuid/md5(0::text)::uuid/g' \
+        -e 's/\$3::/:cost::/g' -e 's/\$4::/:rate::/g' -e 's/\$5::/:burst::/g' -e 's/\$6::/now()::/g'
+} > "$work/hot.sql"
+pgbench_run() {
+    local out
+    out=$(PGOPTIONS="-c synchronous_commit=off" pgbench -n -M prepared -c "$in_flight" -j 2 -T "$seconds" \
+        -f "$work/$1.sql" -D scope=service_requests -D cost=1 -D rate=1e9 -D burst=1e9 "$url" 2>&1)
+    echo "$out" | sed -n 's/^tps = \([0-9.]*\).*/\1/p' | head -1
+}
+
+printf '%-7s %-8s %s\n' workload via figures
+for workload in hot random; do
+    arg=$([ "$workload" = hot ] && echo hot || echo "$tenants")
+    wrk_tenants=$([ "$workload" = hot ] && echo "" || echo "$tenants")
+    printf '%-7s %-8s %s\n' "$workload" grpc "$(grpc_run "$arg")"
+    printf '%-7s %-8s %s\n' "$workload" http "$(http_run "$wrk_tenants")"
+    printf '%-7s %-8s tps %s\n' "$workload" pgbench "$(pgbench_run "$workload")"
+done

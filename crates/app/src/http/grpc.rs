@@ -1,0 +1,219 @@
+//! Envoy's rate limit service protocol (`envoy.service.ratelimit.v3.RateLimitService`,
+//! `ShouldRateLimit`) on `PLEXSPHERE_GRPC_LISTEN`: what Envoy, Istio, Contour, Emissary and
+//! Gloo call from their `ratelimit` filters. The same decisions as `POST /v1/decide`
+//! ([`crate::decide`]); the messages are compiled from the vendored protos (`proto/`).
+//!
+//! A caller sends a decide token as `authorization: Bearer <token>` metadata (Envoy's
+//! `grpc_service.initial_metadata`); without a valid one the call is `UNAUTHENTICATED`, and
+//! counts as a failed authentication of its peer address (the HTTP API's throttle, shared by
+//! every replica), which once spent answers `RESOURCE_EXHAUSTED` before looking at the token.
+//! A request that cannot be decided (a CLOSED rule whose store cannot answer) is `UNAVAILABLE`,
+//! so Envoy's `failure_mode_deny` decides; a malformed one is `INVALID_ARGUMENT`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use super::auth::OperatorTokens;
+use super::throttle::AuthThrottle;
+use crate::decide::{self, Code, DecideError, DecideService, Unit};
+
+/// The messages and server of the vendored protos, as tonic-prost-build writes them.
+#[allow(missing_docs, clippy::all, clippy::pedantic, unreachable_pub)]
+pub mod envoy {
+    pub mod config {
+        pub mod core {
+            pub mod v3 {
+                include!(concat!(env!("OUT_DIR"), "/envoy.config.core.v3.rs"));
+            }
+        }
+    }
+    pub mod extensions {
+        pub mod common {
+            pub mod ratelimit {
+                pub mod v3 {
+                    include!(concat!(env!("OUT_DIR"), "/envoy.extensions.common.ratelimit.v3.rs"));
+                }
+            }
+        }
+    }
+    pub mod r#type {
+        pub mod v3 {
+            include!(concat!(env!("OUT_DIR"), "/envoy.r#type.v3.rs"));
+        }
+    }
+    pub mod service {
+        pub mod ratelimit {
+            pub mod v3 {
+                include!(concat!(env!("OUT_DIR"), "/envoy.service.ratelimit.v3.rs"));
+            }
+        }
+    }
+}
+
+use envoy::config::core::v3::HeaderValue;
+use envoy::service::ratelimit::v3::rate_limit_response::{rate_limit, DescriptorStatus, RateLimit};
+use envoy::service::ratelimit::v3::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
+use envoy::service::ratelimit::v3::{rate_limit_response, RateLimitRequest, RateLimitResponse};
+
+/// The gRPC service: decisions for callers with a decide token.
+pub struct RateLimitServer {
+    decide: DecideService,
+    tokens: OperatorTokens,
+    throttle: AuthThrottle,
+    /// A call's whole deadline: the request's database time, as for the HTTP API.
+    database_timeout: Duration,
+}
+
+impl RateLimitServer {
+    /// Decides with `decide` for the callers `tokens` names, counting failures in `throttle`.
+    pub fn new(
+        decide: DecideService,
+        tokens: OperatorTokens,
+        throttle: AuthThrottle,
+        database_timeout: Duration,
+    ) -> RateLimitServer {
+        RateLimitServer { decide, tokens, throttle, database_timeout }
+    }
+
+    /// Who is calling, or the status that refuses the call.
+    async fn authenticate<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let peer = request.remote_addr().map(|address| address.ip());
+        if let Some(peer) = peer.filter(|peer| self.throttle.known_spent(*peer)) {
+            tracing::debug!(%peer, "gRPC call refused: its address's failed authentications are spent");
+            return Err(Status::resource_exhausted("too many failed authentications from this address"));
+        }
+        let presented = request
+            .metadata()
+            .get("authorization")
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim());
+        if presented.and_then(|token| self.tokens.find(token)).is_some() {
+            return Ok(());
+        }
+        if let Some(peer) = peer {
+            if self.throttle.count_failure(peer).await {
+                return Err(Status::resource_exhausted("too many failed authentications from this address"));
+            }
+        }
+        Err(Status::unauthenticated("a decide token is required: authorization: Bearer <token>"))
+    }
+}
+
+fn unit(unit: Unit) -> rate_limit::Unit {
+    match unit {
+        Unit::Second => rate_limit::Unit::Second,
+        Unit::Minute => rate_limit::Unit::Minute,
+        Unit::Hour => rate_limit::Unit::Hour,
+        Unit::Day => rate_limit::Unit::Day,
+    }
+}
+
+fn code(code: Code) -> rate_limit_response::Code {
+    match code {
+        Code::Ok => rate_limit_response::Code::Ok,
+        Code::OverLimit => rate_limit_response::Code::OverLimit,
+    }
+}
+
+/// The request as [`crate::decide`] takes it. `hits_addend` of 0 means 1; a descriptor's own
+/// `hits_addend` replaces the request's; a descriptor's `limit` override is not honoured: the
+/// rules decide the limit, and a caller may not raise it.
+fn request_of(message: RateLimitRequest) -> decide::Request {
+    decide::Request {
+        service: message.domain,
+        descriptors: message
+            .descriptors
+            .into_iter()
+            .map(|descriptor| decide::Descriptor {
+                entries: descriptor
+                    .entries
+                    .into_iter()
+                    .map(|entry| decide::Entry { key: entry.key, value: entry.value })
+                    .collect(),
+                hits_addend: descriptor.hits_addend,
+            })
+            .collect(),
+        hits_addend: u64::from(message.hits_addend),
+    }
+}
+
+fn response_of(answer: decide::Answer) -> RateLimitResponse {
+    RateLimitResponse {
+        overall_code: code(answer.overall) as i32,
+        statuses: answer
+            .statuses
+            .iter()
+            .map(|status| DescriptorStatus {
+                code: code(status.code) as i32,
+                current_limit: status.current_limit.as_ref().map(|limit| RateLimit {
+                    name: limit.rule_id.clone(),
+                    requests_per_unit: limit.requests_per_unit,
+                    unit: unit(limit.unit) as i32,
+                }),
+                limit_remaining: status.limit_remaining.unwrap_or(0),
+                duration_until_reset: status.until_reset.map(|until| prost_types::Duration {
+                    seconds: i64::try_from(until.as_secs()).unwrap_or(i64::MAX),
+                    nanos: i32::try_from(until.subsec_nanos()).unwrap_or(0),
+                }),
+                quota: None,
+            })
+            .collect(),
+        response_headers_to_add: answer
+            .headers
+            .into_iter()
+            .map(|(key, value)| HeaderValue { key: key.to_owned(), value, raw_value: Vec::new() })
+            .collect(),
+        ..RateLimitResponse::default()
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RateLimitServer {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        self.authenticate(&request).await?;
+        let request = request_of(request.into_inner());
+        let decided = tokio::time::timeout(self.database_timeout, self.decide.decide(&request)).await;
+        match decided {
+            Ok(Ok(answer)) => Ok(Response::new(response_of(answer))),
+            Ok(Err(invalid @ DecideError::Invalid { .. })) => {
+                Err(Status::invalid_argument(invalid.to_string()))
+            }
+            Ok(Err(undecided)) => {
+                tracing::error!(error = %crate::telemetry::cause_chain(&undecided), "a ShouldRateLimit call could not be decided");
+                Err(Status::unavailable("the rate limit could not be decided"))
+            }
+            Err(_) => {
+                tracing::error!(after = ?self.database_timeout, "a ShouldRateLimit call was not decided in time");
+                Err(Status::unavailable("the rate limit could not be decided in time"))
+            }
+        }
+    }
+}
+
+/// Serves `server` on `listener` until `shutdown`, then lets calls in flight finish.
+pub async fn serve(listener: tokio::net::TcpListener, server: RateLimitServer, shutdown: CancellationToken) {
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let served = tonic::transport::Server::builder()
+        .add_service(RateLimitServiceServer::new(server))
+        .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
+        .await;
+    if let Err(error) = served {
+        tracing::error!(error = %crate::telemetry::cause_chain(&error), "the gRPC server stopped");
+    }
+}
+
+/// Binds `address` for [`serve`].
+///
+/// # Errors
+/// When it cannot be bound.
+pub async fn bind(address: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(address).await
+}

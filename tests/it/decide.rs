@@ -1,0 +1,510 @@
+//! plexsphere as a rate-limit service (issue 23): rules for another service, decided over
+//! Envoy's gRPC protocol (through an independent Python grpcio client, `support::grpc`) and
+//! over `POST /v1/decide`: the seed's Contoso example, precedence, SHADOW, two descriptors
+//! all or nothing, a rule changed through another replica, one bucket for both protocols,
+//! who may ask, the compiled snapshot, and the metrics.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ratebudget::ManualClock;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use crate::support::grpc;
+use crate::support::helpers::instant;
+use crate::support::replicas::{config, eventually, Answer, Api, Replica};
+
+const DECIDE_TOKEN: &str = "envoy-decide-token-0123456789";
+
+/// A replica serving the decide API over HTTP and gRPC, on a clock that stands still (so a
+/// bucket never refills during a test).
+async fn service(connect: &PgConnectOptions, clock: Arc<ManualClock>, knobs: &[(&str, &str)]) -> Replica {
+    let token = format!("envoy:{DECIDE_TOKEN}");
+    let mut all =
+        vec![("PLEXSPHERE_DECIDE_TOKENS", token.as_str()), ("PLEXSPHERE_GRPC_LISTEN", "127.0.0.1:0")];
+    all.extend_from_slice(knobs);
+    Replica::start(config(connect, &all), clock).await
+}
+
+/// Writes a rule of `service` through the operator API.
+async fn rule(api: &Api, id: &str, body: Value) -> Answer {
+    let answer = api.operator(Method::PUT, &format!("/v1/rules/{id}"), Some(body)).await;
+    assert!(answer.status.is_success(), "{answer:?}");
+    answer
+}
+
+fn directory_rule(api_name: &str, selector: &Value, per_second: f64, priority: i64) -> Value {
+    json!({
+        "service": "directory", "api": api_name, "selector": selector,
+        "rate": per_second, "burst": per_second, "priority": priority,
+    })
+}
+
+/// A ShouldRateLimit call of one descriptor.
+fn one(entries: &[(&str, &str)], hits: u64) -> Value {
+    let entries: Vec<Value> = entries.iter().map(|(key, value)| json!([key, value])).collect();
+    json!({ "token": DECIDE_TOKEN, "domain": "directory", "hits_addend": hits, "descriptors": [{ "entries": entries }] })
+}
+
+/// The same request as JSON for `POST /v1/decide`.
+fn http_one(entries: &[(&str, &str)], hits: u64) -> Value {
+    let entries: Vec<Value> =
+        entries.iter().map(|(key, value)| json!({ "key": key, "value": value })).collect();
+    json!({ "domain": "directory", "hits_addend": hits, "descriptors": [{ "entries": entries }] })
+}
+
+async fn http_decide(api: &Api, body: &Value) -> Answer {
+    api.request(Method::POST, "/v1/decide", Some(DECIDE_TOKEN), Some(body.to_string().into_bytes())).await
+}
+
+fn overall(answer: &Value) -> &str {
+    assert_eq!(answer["grpc"], "OK", "{answer}");
+    answer["response"]["overall_code"].as_str().unwrap()
+}
+
+fn status(answer: &Value, index: usize) -> &Value {
+    &answer["response"]["statuses"][index]
+}
+
+const USERS: (&str, &str) = ("api", "GET /v1/users");
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn the_seeds_contoso_example_over_envoys_protocol(_: PgPoolOptions, connect: PgConnectOptions) {
+    let clock = Arc::new(ManualClock::new(instant()));
+    let replica = service(&connect, clock, &[]).await;
+    let grpc = replica.grpc.unwrap();
+    // A premium template of 50 a second for the API, and Contoso's override of 100.
+    rule(
+        &replica,
+        "dir-users-premium",
+        directory_rule("GET /v1/users", &json!({ "sku": "premium" }), 50.0, 0),
+    )
+    .await;
+    rule(
+        &replica,
+        "dir-users-contoso",
+        directory_rule("GET /v1/users", &json!({ "tenant": "contoso" }), 100.0, 0),
+    )
+    .await;
+
+    let contoso = [USERS, ("sku", "premium"), ("tenant", "contoso")];
+    let fabrikam = [USERS, ("sku", "premium"), ("tenant", "fabrikam")];
+    let unknown = [USERS, ("sku", "free"), ("tenant", "tailspin")];
+    let answers = grpc::calls(
+        grpc,
+        json!([
+            one(&contoso, 100),
+            one(&contoso, 1),
+            one(&fabrikam, 50),
+            one(&fabrikam, 1),
+            one(&unknown, 1000)
+        ]),
+    )
+    .await;
+
+    // Contoso's override governs Contoso: its whole 100, then over the limit.
+    assert_eq!(overall(&answers[0]), "OK");
+    let granted = status(&answers[0], 0);
+    assert_eq!(granted["code"], "OK");
+    assert_eq!(
+        granted["current_limit"],
+        json!({ "name": "dir-users-contoso", "requests_per_unit": 100, "unit": "SECOND" })
+    );
+    assert_eq!(granted["limit_remaining"], 0);
+    // Empty, it refills to full in a second.
+    assert_eq!(granted["duration_until_reset_ms"], 1000);
+    assert_eq!(overall(&answers[1]), "OVER_LIMIT");
+    assert_eq!(status(&answers[1], 0)["code"], "OVER_LIMIT");
+    let headers: Vec<(String, String)> =
+        serde_json::from_value(answers[1]["response"]["response_headers_to_add"].clone()).unwrap();
+    assert!(headers.contains(&("retry-after".into(), "1".into())), "{headers:?}");
+    assert!(
+        headers.contains(&("ratelimit".into(), "\"dir-users-contoso\";r=0;t=1".into())),
+        "the HTTP API's fields: {headers:?}"
+    );
+
+    // Another premium tenant inherits the template, in a bucket of its own.
+    assert_eq!(overall(&answers[2]), "OK");
+    assert_eq!(status(&answers[2], 0)["current_limit"]["name"], "dir-users-premium");
+    assert_eq!(status(&answers[2], 0)["current_limit"]["requests_per_unit"], 50);
+    assert_eq!(overall(&answers[3]), "OVER_LIMIT");
+
+    // A tenant no rule selects is unlimited: no limit, whatever it asks for.
+    assert_eq!(overall(&answers[4]), "OK");
+    assert_eq!(status(&answers[4], 0)["current_limit"], Value::Null);
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn the_most_specific_entry_wins_then_a_named_api_then_priority_then_the_smaller_id(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let clock = Arc::new(ManualClock::new(instant()));
+    let replica = service(&connect, clock, &[]).await;
+    let grpc = replica.grpc.unwrap();
+    // Each rule a different rate, so the limit a status reports names the rule that governed.
+    rule(&replica, "everything", directory_rule("*", &json!({}), 1000.0, 0)).await;
+    rule(&replica, "users-any-sku", directory_rule("GET /v1/users", &json!({ "sku": "*" }), 900.0, 0)).await;
+    rule(&replica, "any-api-premium", directory_rule("*", &json!({ "sku": "premium" }), 800.0, 0)).await;
+    rule(&replica, "users-premium", directory_rule("GET /v1/users", &json!({ "sku": "premium" }), 700.0, 0))
+        .await;
+    rule(
+        &replica,
+        "users-premium-urgent",
+        directory_rule("GET /v1/users", &json!({ "sku": "premium" }), 600.0, 5),
+    )
+    .await;
+    rule(&replica, "any-api-tenant-b", directory_rule("*", &json!({ "tenant": "contoso" }), 500.0, 0)).await;
+    rule(&replica, "any-api-tenant-a", directory_rule("*", &json!({ "tenant": "contoso" }), 400.0, 0)).await;
+    rule(
+        &replica,
+        "groups-region",
+        directory_rule("GET /v1/groups", &json!({ "region": "eu", "sku": "premium" }), 300.0, 0),
+    )
+    .await;
+
+    let table: [(&[(&str, &str)], &str); 7] = [
+        // The latest entry a rule names wins, whatever the API or priority: the tenant's.
+        (&[USERS, ("sku", "premium"), ("tenant", "contoso")], "any-api-tenant-a"),
+        // Among rules naming the same entry: the named API over *, then the higher priority.
+        (&[USERS, ("sku", "premium"), ("tenant", "fabrikam")], "users-premium-urgent"),
+        // `*` matches any value of its key; a named API still beats `*` at the same entry.
+        (&[USERS, ("sku", "free")], "users-any-sku"),
+        (&[("api", "GET /v1/orders"), ("sku", "premium")], "any-api-premium"),
+        // Every pair of a selector must be there: region and sku, or the rule does not match.
+        (&[("api", "GET /v1/groups"), ("sku", "premium")], "any-api-premium"),
+        (&[("api", "GET /v1/groups"), ("region", "eu"), ("sku", "premium")], "groups-region"),
+        // No entry named by any rule: the empty selector's rule.
+        (&[("api", "GET /v1/orders"), ("colour", "blue")], "everything"),
+    ];
+    let requests: Vec<Value> = table.iter().map(|(entries, _)| one(entries, 1)).collect();
+    let answers = grpc::calls(grpc, Value::Array(requests)).await;
+    for ((entries, expected), answer) in table.iter().zip(&answers) {
+        assert_eq!(status(answer, 0)["current_limit"]["name"], *expected, "{entries:?}: {answer}");
+    }
+    // The smaller id wins a tie of everything else: -a over -b.
+    let snapshot =
+        replica.request(Method::GET, "/v1/snapshot?service=directory", Some(DECIDE_TOKEN), None).await;
+    assert_eq!(snapshot.status, StatusCode::OK, "{snapshot:?}");
+    let ids: Vec<&str> = snapshot.body["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|rule| rule["rule_id"].as_str().unwrap())
+        .collect();
+    assert!(
+        ids.iter().position(|id| *id == "any-api-tenant-a")
+            < ids.iter().position(|id| *id == "any-api-tenant-b")
+    );
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_shadow_rule_admits_and_counts_what_it_would_refuse(_: PgPoolOptions, connect: PgConnectOptions) {
+    let clock = Arc::new(ManualClock::new(instant()));
+    let replica = service(&connect, clock, &[("PLEXSPHERE_RULE_USAGE_FLUSH_INTERVAL_MS", "100")]).await;
+    let grpc = replica.grpc.unwrap();
+    let mut shadow = directory_rule("GET /v1/users", &json!({ "tenant": "*" }), 2.0, 0);
+    shadow["mode"] = json!("SHADOW");
+    rule(&replica, "users-shadow", shadow).await;
+    let contoso = [USERS, ("tenant", "contoso")];
+    let answers =
+        grpc::calls(grpc, json!([one(&contoso, 1), one(&contoso, 1), one(&contoso, 1), one(&contoso, 1)]))
+            .await;
+    for answer in &answers {
+        assert_eq!(overall(answer), "OK", "SHADOW admits: {answer}");
+    }
+    // Granted twice (the burst), and twice it would have refused.
+    eventually(Duration::from_secs(5), "the shadow rule's usage is flushed", || async {
+        let usage = replica
+            .operator(Method::GET, "/v1/rules/users-shadow/usage?since=2000-01-01T00:00:00Z", None)
+            .await;
+        let sum = |field: &str| {
+            usage.body.as_array().unwrap().iter().map(|minute| minute[field].as_u64().unwrap()).sum::<u64>()
+        };
+        (sum("granted"), sum("refused"), sum("shadow_refused")) == (2, 0, 2)
+    })
+    .await;
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn two_descriptors_are_decided_all_or_nothing(_: PgPoolOptions, connect: PgConnectOptions) {
+    let clock = Arc::new(ManualClock::new(instant()));
+    let replica = service(&connect, clock, &[]).await;
+    let grpc = replica.grpc.unwrap();
+    rule(&replica, "per-tenant", directory_rule("*", &json!({ "tenant": "*" }), 5.0, 0)).await;
+    rule(&replica, "per-user", directory_rule("*", &json!({ "user": "*" }), 2.0, 0)).await;
+    let both = |hits: u64| {
+        json!({ "token": DECIDE_TOKEN, "domain": "directory", "hits_addend": hits, "descriptors": [
+            { "entries": [["tenant", "contoso"]] },
+            { "entries": [["user", "alice"]] },
+        ]})
+    };
+    let tenant_only = |hits: u64| one(&[("tenant", "contoso")], hits);
+    let answers = grpc::calls(grpc, json!([both(2), both(2), tenant_only(3), tenant_only(1)])).await;
+    // 2 of 5 and 2 of 2: both granted, what each left reported.
+    assert_eq!(overall(&answers[0]), "OK");
+    assert_eq!(
+        (
+            status(&answers[0], 0)["limit_remaining"].clone(),
+            status(&answers[0], 1)["limit_remaining"].clone()
+        ),
+        (json!(3), json!(0))
+    );
+    // The user's bucket is empty: the request is over the limit, and the tenant's bucket,
+    // which alone would have admitted it, is not debited.
+    assert_eq!(overall(&answers[1]), "OVER_LIMIT");
+    assert_eq!(status(&answers[1], 0)["code"], "OK");
+    assert_eq!(status(&answers[1], 1)["code"], "OVER_LIMIT");
+    // So the tenant still has exactly 3: granted, then over.
+    assert_eq!(overall(&answers[2]), "OK");
+    assert_eq!(status(&answers[2], 0)["limit_remaining"], 0);
+    assert_eq!(overall(&answers[3]), "OVER_LIMIT");
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_rule_changed_through_another_replica_governs_within_a_second(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let clock = Arc::new(ManualClock::new(instant()));
+    let a = service(&connect, clock.clone(), &[]).await;
+    let b = service(&connect, clock.clone(), &[]).await;
+    let grpc = b.grpc.unwrap();
+    let contoso = [USERS, ("tenant", "contoso")];
+    // The client asks b again and again, from before the rule exists until b decides by it.
+    let mut polling = one(&contoso, 1);
+    polling["until_rule"] = json!("contoso");
+    polling["deadline_ms"] = json!(20_000);
+    let client = tokio::spawn(grpc::call(grpc, polling));
+    let unlimited = "plexsphere_decide_decisions_total{service=\"other\",outcome=\"ok\"}";
+    eventually(Duration::from_secs(20), "the client is asking b", || async {
+        b.metric(unlimited).await.is_some()
+    })
+    .await;
+    let written = std::time::SystemTime::now();
+    rule(&a, "contoso", directory_rule("GET /v1/users", &json!({ "tenant": "contoso" }), 10.0, 0)).await;
+    let answer = client.await.unwrap();
+    let seen_at =
+        answer["seen_at"].as_f64().unwrap_or_else(|| panic!("b never decided by the rule: {answer}"));
+    let written = written.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    assert!(seen_at - written < 1.0, "b decided by the rule {:.3} s after it was written", seen_at - written);
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn http_and_grpc_spend_one_bucket(_: PgPoolOptions, connect: PgConnectOptions) {
+    let clock = Arc::new(ManualClock::new(instant()));
+    let replica = service(&connect, clock, &[]).await;
+    let grpc = replica.grpc.unwrap();
+    rule(&replica, "contoso", directory_rule("GET /v1/users", &json!({ "tenant": "contoso" }), 10.0, 0))
+        .await;
+    let contoso = [USERS, ("tenant", "contoso")];
+
+    let first = http_decide(&replica, &http_one(&contoso, 6)).await;
+    assert_eq!(first.status, StatusCode::OK, "{first:?}");
+    assert_eq!(first.body["overall_code"], "OK");
+    assert_eq!(first.body["statuses"][0]["limit_remaining"], 4);
+    assert_eq!(first.body["statuses"][0]["rule_id"], "contoso");
+    assert_eq!(first.body["statuses"][0]["current_limit"]["unit"], "SECOND");
+    // What HTTP left, gRPC sees: 4, then nothing.
+    let answers = grpc::calls(grpc, json!([one(&contoso, 4), one(&contoso, 1)])).await;
+    assert_eq!(status(&answers[0], 0)["limit_remaining"], 0);
+    assert_eq!(overall(&answers[1]), "OVER_LIMIT");
+    // And what gRPC spent, HTTP sees: over the limit, still a 200, with when it refills.
+    let over = http_decide(&replica, &http_one(&contoso, 1)).await;
+    assert_eq!(over.status, StatusCode::OK);
+    assert_eq!(over.body["overall_code"], "OVER_LIMIT");
+    assert_eq!(over.body["statuses"][0]["duration_until_reset_ms"], 1000);
+    assert!(over.body["response_headers_to_add"]
+        .as_array()
+        .unwrap()
+        .contains(&json!({ "key": "retry-after", "value": "1" })));
+
+    let decided = |outcome: &str| {
+        format!("plexsphere_decide_decisions_total{{service=\"directory\",outcome=\"{outcome}\"}}")
+    };
+    assert_eq!(replica.metric(&decided("ok")).await, Some(2.0));
+    assert_eq!(replica.metric(&decided("over_limit")).await, Some(2.0));
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn only_callers_with_a_decide_token_are_answered(_: PgPoolOptions, connect: PgConnectOptions) {
+    let clock = Arc::new(ManualClock::new(instant()));
+    let replica = service(&connect, clock.clone(), &[]).await;
+    let grpc = replica.grpc.unwrap();
+    let contoso = [USERS, ("tenant", "contoso")];
+    let mut anonymous = one(&contoso, 1);
+    anonymous["token"] = Value::Null;
+    let mut wrong = one(&contoso, 1);
+    wrong["token"] = json!("not-the-token-0123456789");
+    let mut operator = one(&contoso, 1);
+    operator["token"] = json!(crate::support::replicas::OPERATOR_TOKEN);
+    let answers = grpc::calls(grpc, json!([anonymous, wrong, operator])).await;
+    for answer in &answers {
+        assert_eq!(answer["grpc"], "UNAUTHENTICATED", "{answer}");
+    }
+    let http = replica
+        .request(Method::POST, "/v1/decide", None, Some(http_one(&contoso, 1).to_string().into_bytes()))
+        .await;
+    assert_eq!(http.status, StatusCode::UNAUTHORIZED);
+    // Malformed requests are refused by name and spend nothing.
+    let malformed =
+        grpc::call(grpc, json!({ "token": DECIDE_TOKEN, "domain": "no spaces allowed", "descriptors": [] }))
+            .await;
+    assert_eq!(malformed["grpc"], "INVALID_ARGUMENT", "{malformed}");
+    let own = http_decide(&replica, &json!({ "domain": "plexsphere", "descriptors": [] })).await;
+    assert_eq!(own.status, StatusCode::BAD_REQUEST, "{own:?}");
+    let unknown_field = http_decide(&replica, &json!({ "domain": "directory", "descriptor": [] })).await;
+    assert_eq!(unknown_field.status, StatusCode::BAD_REQUEST, "{unknown_field:?}");
+
+    // Without the knob the decide API is off.
+    let plain = Replica::start(config(&connect, &[]), clock).await;
+    let off = http_decide(&plain, &http_one(&contoso, 1)).await;
+    assert_eq!((off.status, off.code()), (StatusCode::NOT_FOUND, "decide_off"));
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_load_balancer_reads_a_services_snapshot_and_is_told_when_it_has_not_changed(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let clock = Arc::new(ManualClock::new(instant()));
+    let replica = service(&connect, clock, &[]).await;
+    rule(
+        &replica,
+        "dir-users-premium",
+        directory_rule("GET /v1/users", &json!({ "sku": "premium" }), 50.0, 0),
+    )
+    .await;
+    rule(&replica, "billing-all", json!({ "service": "billing", "selector": {}, "rate": 5.0, "burst": 5.0 }))
+        .await;
+    let read = |etag: Option<String>| {
+        let replica = &replica;
+        async move {
+            let mut request = reqwest::Client::new()
+                .get(format!("{}/v1/snapshot?service=directory", replica.base()))
+                .bearer_auth(DECIDE_TOKEN);
+            if let Some(etag) = etag {
+                request = request.header("if-none-match", etag);
+            }
+            request.send().await.unwrap()
+        }
+    };
+    let first = read(None).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    let etag = first.headers()["etag"].to_str().unwrap().to_owned();
+    let body: Value = first.json().await.unwrap();
+    assert_eq!(body["service"], "directory");
+    assert_eq!(etag, format!("\"{}\"", body["revision"]));
+    let rules = body["rules"].as_array().unwrap();
+    assert_eq!(rules.len(), 1, "another service's rules are not in it: {body}");
+    assert_eq!(rules[0]["api"], "GET /v1/users");
+    assert_eq!(rules[0]["selector"], json!({ "sku": "premium" }));
+    assert_eq!(read(Some(etag.clone())).await.status(), StatusCode::NOT_MODIFIED);
+    // A change moves the revision on.
+    rule(&replica, "dir-users-free", directory_rule("GET /v1/users", &json!({ "sku": "free" }), 5.0, 0))
+        .await;
+    assert_eq!(read(Some(etag)).await.status(), StatusCode::OK);
+    // Operators may read it too; nobody else.
+    let operator = replica.operator(Method::GET, "/v1/snapshot?service=directory", None).await;
+    assert_eq!(operator.status, StatusCode::OK);
+    assert_eq!(replica.get("/v1/snapshot?service=directory", None).await.status, StatusCode::UNAUTHORIZED);
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_service_rule_is_versioned_checked_and_rolled_back_like_ours(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let clock = Arc::new(ManualClock::new(instant()));
+    let replica = service(&connect, clock, &[]).await;
+    let created =
+        rule(&replica, "r", directory_rule("GET /v1/users", &json!({ "tenant": "contoso" }), 10.0, 0)).await;
+    assert_eq!(created.body["service"], "directory");
+    assert_eq!(created.body["api"], "GET /v1/users");
+    assert!(created.body.get("scope").is_none(), "{:?}", created.body);
+    // Each field checked by name.
+    for (body, field) in [
+        (
+            json!({ "service": "directory", "selector": { "api": "x" }, "rate": 1.0, "burst": 1.0 }),
+            "selector",
+        ),
+        (
+            json!({ "service": "directory", "selector": { "tenant": 5 }, "rate": 1.0, "burst": 1.0 }),
+            "selector",
+        ),
+        (json!({ "service": "bad service", "selector": {}, "rate": 1.0, "burst": 1.0 }), "service"),
+        (json!({ "service": "directory", "api": "", "selector": {}, "rate": 1.0, "burst": 1.0 }), "api"),
+        (
+            json!({ "service": "directory", "scope": "ingest_node", "selector": {}, "rate": 1.0, "burst": 1.0 }),
+            "scope",
+        ),
+        (
+            json!({ "service": "directory", "selector": {}, "rate": 1.0, "burst": 1.0, "algorithm": "GCRA" }),
+            "algorithm",
+        ),
+        (json!({ "scope": "ingest_node", "api": "x", "selector": {}, "rate": 1.0, "burst": 1.0 }), "api"),
+    ] {
+        let answer = replica.operator(Method::PUT, "/v1/rules/bad", Some(body.clone())).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{body}: {answer:?}");
+        assert!(answer.body["error"].as_str().unwrap().contains(field), "{body}: {answer:?}");
+    }
+    // Replaced under If-Match, then rolled back to version 1.
+    let replaced = replica
+        .operator_if_match(
+            Method::PUT,
+            "/v1/rules/r",
+            Some(directory_rule("*", &json!({ "tenant": "contoso", "region": "*" }), 20.0, 3)),
+            Some("\"1\""),
+        )
+        .await;
+    assert_eq!(replaced.status, StatusCode::OK, "{replaced:?}");
+    assert_eq!(replaced.body["selector"], json!({ "region": "*", "tenant": "contoso" }));
+    let rolled = replica.operator(Method::POST, "/v1/rules/r/rollback", Some(json!({ "version": 1 }))).await;
+    assert_eq!(rolled.status, StatusCode::OK, "{rolled:?}");
+    assert_eq!(
+        (rolled.body["api"].clone(), rolled.body["rate"].clone()),
+        (json!("GET /v1/users"), json!(10.0))
+    );
+    let history = replica.operator(Method::GET, "/v1/rules/r/history", None).await;
+    let apis: Vec<&str> =
+        history.body.as_array().unwrap().iter().map(|version| version["api"].as_str().unwrap()).collect();
+    assert_eq!(apis, ["GET /v1/users", "*", "GET /v1/users"]);
+    let listed = replica.operator(Method::GET, "/v1/rules?service=directory", None).await;
+    assert_eq!(listed.body.as_array().unwrap().len(), 1);
+    let ours = replica.operator(Method::GET, "/v1/rules?service=plexsphere", None).await;
+    assert!(ours.body.as_array().unwrap().iter().all(|rule| rule["service"] == "plexsphere"));
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_closed_rule_whose_store_cannot_answer_is_unavailable_and_open_admits(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    use crate::support::proxy::{Mode, Proxy};
+    use std::net::ToSocketAddrs;
+    let upstream = (connect.get_host(), connect.get_port()).to_socket_addrs().unwrap().next().unwrap();
+    let proxy = Proxy::start(upstream).await;
+    let through_proxy = connect.clone().host("127.0.0.1").port(proxy.address().port());
+    let replica = service(&through_proxy, Arc::new(ManualClock::new(instant())), &[]).await;
+    let grpc = replica.grpc.unwrap();
+    rule(&replica, "closed", directory_rule("GET /v1/users", &json!({ "tenant": "*" }), 10.0, 0)).await;
+    let mut open = directory_rule("GET /v1/orders", &json!({ "tenant": "*" }), 10.0, 0);
+    open["fail_mode"] = json!("OPEN");
+    rule(&replica, "open", open).await;
+    let users = [USERS, ("tenant", "contoso")];
+    let orders = [("api", "GET /v1/orders"), ("tenant", "contoso")];
+    assert_eq!(overall(&grpc::call(grpc, one(&users, 1)).await), "OK");
+
+    proxy.set(Mode::Severed);
+    // CLOSED: not a refusal but an error, so Envoy's failure_mode_deny decides.
+    let answers = grpc::calls(grpc, json!([one(&users, 1), one(&orders, 1)])).await;
+    assert_eq!(answers[0]["grpc"], "UNAVAILABLE", "{}", answers[0]);
+    // OPEN: admitted without a decision.
+    assert_eq!(overall(&answers[1]), "OK");
+    let http = http_decide(&replica, &http_one(&users, 1)).await;
+    assert_eq!((http.status, http.code()), (StatusCode::INTERNAL_SERVER_ERROR, "internal"), "{http:?}");
+    let errors = "plexsphere_decide_decisions_total{service=\"directory\",outcome=\"error\"}";
+    assert_eq!(replica.metric(errors).await, Some(2.0));
+}

@@ -1,0 +1,60 @@
+//! An independent client of Envoy's rate limit service protocol: Python's grpcio with the
+//! vendored protos compiled by grpcio-tools (`tests/grpc/`), not the server's own generated
+//! code, so the wire format is checked against a second implementation.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use serde_json::{json, Value};
+
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
+}
+
+/// The client's python, its environment set up once per test process (`tests/grpc/setup.sh`
+/// installs what is missing and does nothing otherwise).
+fn python() -> &'static PathBuf {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON.get_or_init(|| {
+        let output = Command::new("bash")
+            .arg(workspace().join("tests/grpc/setup.sh"))
+            .current_dir(workspace())
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("bash runs");
+        assert!(
+            output.status.success(),
+            "the gRPC test client needs python3 with venv and pip's grpcio and grpcio-tools: `bash tests/grpc/setup.sh` failed"
+        );
+        workspace().join(String::from_utf8(output.stdout).unwrap().trim())
+    })
+}
+
+/// Makes `calls` (see `tests/grpc/rls_client.py`) in order against `target`; one answer each:
+/// `{"grpc": <status code name>, "details", "response"}`.
+pub(crate) async fn calls(target: SocketAddr, calls: Value) -> Vec<Value> {
+    let script = json!({ "target": target.to_string(), "calls": calls }).to_string();
+    let output = tokio::task::spawn_blocking(move || {
+        let mut child = Command::new(python())
+            .arg(workspace().join("tests/grpc/rls_client.py"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the gRPC client starts");
+        use std::io::Write as _;
+        child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(output.status.success(), "the gRPC client failed");
+    serde_json::from_slice::<Vec<Value>>(&output.stdout).expect("the client prints a JSON array")
+}
+
+/// One call's answer.
+pub(crate) async fn call(target: SocketAddr, call: Value) -> Value {
+    calls(target, json!([call])).await.remove(0)
+}
