@@ -34,7 +34,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk; }
+command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >&2; }
 
 echo "building (release)..." >&2
 cargo build -q --release -p app --bin plexsphere --example decide_load

@@ -168,7 +168,11 @@ async fn the_operator_page_shows_buckets_decisions_rules_and_the_leader_in_headl
     connect: PgConnectOptions,
 ) {
     let chromium = Chromium::new();
-    let service = Launch::serve(&database_url(&connect)).start().await;
+    let service = Launch::serve(&database_url(&connect))
+        .knob("PLEXSPHERE_DECIDE_TOKENS", "envoy:ui-test-decide-token-0123456789")
+        .knob("PLEXSPHERE_RULE_USAGE_FLUSH_INTERVAL_MS", "100")
+        .start()
+        .await;
     let api = service.api();
 
     // A Domain, a Node, a secret, and a rule of the Domain's own: 5 reads, then 1 a second.
@@ -190,12 +194,41 @@ async fn the_operator_page_shows_buckets_decisions_rules_and_the_leader_in_headl
     let batch = b"cpu=0.42 mem=0.61".to_vec();
     let answer = api.request(Method::POST, "/v1/ingest", Some(&node_token), Some(batch)).await;
     assert_eq!(answer.status, StatusCode::ACCEPTED, "{answer:?}");
+    // Another service's rule, and three decisions by it: two granted, one refused.
+    let directory = json!({ "service": "directory", "api": "GET /v1/users", "selector": { "tenant": "*" }, "rate": 1, "burst": 2 });
+    let answer = api.operator(Method::PUT, "/v1/rules/dir-users", Some(directory)).await;
+    assert_eq!(answer.status, StatusCode::CREATED, "{answer:?}");
+    let decide = json!({ "domain": "directory", "descriptors": [{ "entries": [
+        { "key": "api", "value": "GET /v1/users" }, { "key": "tenant", "value": "contoso" },
+    ]}]});
+    for _ in 0..3 {
+        let answer = api
+            .request(
+                Method::POST,
+                "/v1/decide",
+                Some("ui-test-decide-token-0123456789"),
+                Some(decide.to_string().into_bytes()),
+            )
+            .await;
+        assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    }
+    eventually(Duration::from_secs(20), "the decisions reach the usage rows", || async {
+        let usage = api.operator(Method::GET, "/v1/rules/dir-users/usage", None).await;
+        usage.body.as_array().is_some_and(|minutes| {
+            minutes
+                .iter()
+                .map(|minute| minute["granted"].as_u64().unwrap() + minute["refused"].as_u64().unwrap())
+                .sum::<u64>()
+                == 3
+        })
+    })
+    .await;
     // The only replica leads once its elector has had its first poll.
     eventually(Duration::from_secs(20), "the service leads", || async { api.leader_gauge().await == 1 })
         .await;
 
     // The token travels in the fragment, which the browser never sends to the server.
-    let url = format!("{}/ui#token={OPERATOR_TOKEN}&key={node}", api.base());
+    let url = format!("{}/ui#token={OPERATOR_TOKEN}&key={node}&service=directory", api.base());
     let started = Instant::now();
     let dom = chromium.dom(&url).await;
     std::fs::write(artefacts().join("ui-dom.html"), &dom).unwrap();
@@ -205,7 +238,7 @@ async fn the_operator_page_shows_buckets_decisions_rules_and_the_leader_in_headl
     assert!(!dom.contains(OPERATOR_TOKEN), "the token is in the DOM");
     // The leader, and the rules snapshot holding the one rule change.
     assert!(text(element(&dom, r#"id="leader""#, "", "</dd>")).contains("this replica"), "{dom}");
-    assert_eq!(text(element(&dom, r#"id="snapshot-version""#, "", "</span>")), "version 1");
+    assert_eq!(text(element(&dom, r#"id="snapshot-version""#, "", "</span>")), "version 2");
     // Decisions by outcome: the Node's reads, counted by this replica.
     let reads = element(&dom, r#"id="decisions""#, r#"<tr data-scope="secret_read_node">"#, "</tr>");
     let granted_cell = element(reads, r#"data-outcome="granted""#, "", "</td>");
@@ -235,6 +268,13 @@ async fn the_operator_page_shows_buckets_decisions_rules_and_the_leader_in_headl
     assert!(text(governed).contains("domain"), "{governed}");
     let knob = element(&dom, r#"id="rules""#, r#"<tr data-scope="ingest_node""#, "</tr>");
     assert!(text(knob).contains("knob_default"), "{knob}");
+
+    // The service's rules, and what they decided in the last hour, over every replica.
+    let row = element(&dom, r#"id="service-rules""#, r#"<tr data-rule="dir-users">"#, "</tr>");
+    let row_text = text(row);
+    assert!(row_text.contains("GET /v1/users") && row_text.contains("tenant=*"), "{row}");
+    assert_eq!(text(element(row, r#"class="num granted""#, "", "</td>")), "2", "{row}");
+    assert_eq!(text(element(row, r#"class="num refused""#, "", "</td>")), "1", "{row}");
 
     let screenshot = artefacts().join("ui.png");
     chromium.screenshot(&url, &screenshot).await;

@@ -12,6 +12,10 @@
 
 use std::time::{Duration, Instant};
 
+// The load generator shares the machine with the service: it should cost as little as it can.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use app::http::grpc::envoy::extensions::common::ratelimit::v3::{
     rate_limit_descriptor::Entry, RateLimitDescriptor,
 };

@@ -17,7 +17,7 @@ use crate::config::Config;
 use crate::credentials::CredentialCache;
 use crate::decide::DecideService;
 use crate::fill::FillHistory;
-use crate::http::{self, AppState, OperatorTokens};
+use crate::http::{self, AppState, Handles, OperatorTokens};
 use crate::leader::{self, LeaderTiming, Leadership};
 use crate::limits::DecisionObserver;
 use crate::listener;
@@ -225,7 +225,7 @@ impl Application {
         // reference here would be a cycle that keeps every pool the metrics watch open.
         let reading = Arc::downgrade(&rule_budgets);
         metrics.watch_limits(move || reading.upgrade().map(|budgets| budgets.reading()).unwrap_or_default());
-        let state = AppState {
+        let state = AppState::new(Handles {
             access: access::AccessService::new(
                 Arc::new(access::PgAccessRepository::new(api_pool.clone())),
                 issuance,
@@ -258,7 +258,7 @@ impl Application {
             rule_budgets: rule_budgets.clone(),
             fill,
             leader: leader::LeaderLookup::new(api_pool.clone()),
-        };
+        });
 
         let state_pools = (api_pool, store.clone(), background_pool.clone());
         let listener = tokio::net::TcpListener::bind(config.listen)

@@ -50,9 +50,29 @@ const OPERATOR_BODY_LIMIT: usize = 512 * 1024;
 /// private, may keep a copy (RFC 9111, section 5.2.2.5).
 const NO_STORE: [(HeaderName, &str); 1] = [(axum::http::header::CACHE_CONTROL, "no-store")];
 
-/// What every handler can reach.
+/// What every handler can reach; cheap to clone (one reference count: axum clones the state
+/// for every extractor and middleware of every request, and cloning each service's handles
+/// was most of a request's CPU, BENCHMARKS.md section 8).
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Handles>);
+
+impl AppState {
+    /// The state of `handles`.
+    pub fn new(handles: Handles) -> AppState {
+        AppState(Arc::new(handles))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Handles;
+
+    fn deref(&self) -> &Handles {
+        &self.0
+    }
+}
+
+/// What [`AppState`] shares.
+pub struct Handles {
     /// Domains, enrolment and Node credentials.
     pub access: access::AccessService,
     /// Secrets per Domain.

@@ -56,12 +56,16 @@
     const fragment = new URLSearchParams(window.location.hash.replace(/^#/, ""));
     const token = fragment.get("token");
     const key = fragment.get("key");
+    const service = fragment.get("service");
     if (token) sessionStorage.setItem(TOKEN_KEY, token);
-    if (token || key) {
-      const keep = key ? "#key=" + encodeURIComponent(key) : "";
-      history.replaceState(null, "", window.location.pathname + keep);
+    if (token) {
+      const keep = new URLSearchParams();
+      if (key) keep.set("key", key);
+      if (service) keep.set("service", service);
+      const rest = keep.toString();
+      history.replaceState(null, "", window.location.pathname + (rest ? "#" + rest : ""));
     }
-    return key;
+    return { key, service };
   }
 
   class ApiError extends Error {
@@ -247,6 +251,54 @@
     $("rules").tBodies[0].replaceWith(body);
   }
 
+  // A minute's decisions as bars: granted up, refused (and shadow refused) beside them.
+  function usageSparkline(minutes) {
+    const width = 120, height = 24;
+    const chart = svg("svg", { class: "spark", width, height, viewBox: "0 0 " + width + " " + height, role: "img" });
+    const most = Math.max(1, ...minutes.map((minute) => minute.granted + minute.refused + minute.shadow_refused));
+    const slot = width / 60;
+    const now = Date.now();
+    for (const minute of minutes) {
+      const age = Math.floor((now - Date.parse(minute.minute)) / 60000);
+      if (age < 0 || age >= 60) continue;
+      const x = width - (age + 1) * slot;
+      const granted = (minute.granted / most) * height;
+      const refused = ((minute.refused + minute.shadow_refused) / most) * height;
+      chart.append(svg("rect", { class: "slot", x, y: height - granted, width: Math.max(1, slot - 0.5), height: granted }));
+      chart.append(svg("rect", { class: "slot refused", x, y: height - granted - refused, width: Math.max(1, slot - 0.5), height: refused }));
+    }
+    return chart;
+  }
+
+  async function renderService(service) {
+    const snapshot = await api("/v1/snapshot?service=" + encodeURIComponent(service));
+    const since = new Date(Date.now() - 3600 * 1000).toISOString();
+    const usages = await Promise.all(snapshot.rules.map((rule) =>
+      api("/v1/rules/" + encodeURIComponent(rule.rule_id) + "/usage?since=" + encodeURIComponent(since))));
+    $("service-view").hidden = false;
+    setText("service-revision", snapshot.revision);
+    const body = el("tbody");
+    snapshot.rules.forEach((rule, index) => {
+      const minutes = usages[index];
+      const sum = (field) => minutes.reduce((total, minute) => total + minute[field], 0);
+      const selector = Object.entries(rule.selector).map(([key, value]) => key + "=" + value).join(", ") || "(every request)";
+      body.append(el("tr", { "data-rule": rule.rule_id },
+        el("td", { class: "rule-id" }, rule.rule_id),
+        el("td", {}, rule.api || rule.scope || ""),
+        el("td", {}, selector),
+        el("td", { class: "num" }, formatNumber(rule.rate / (rule.per_ms / 1000))),
+        el("td", { class: "num" }, formatNumber(rule.burst)),
+        el("td", { class: rule.mode === "SHADOW" ? "warn" : "" }, rule.mode),
+        el("td", {}, rule.fail_mode),
+        el("td", { class: "num" }, rule.priority),
+        el("td", { class: "history" }, usageSparkline(minutes)),
+        el("td", { class: "num granted" }, sum("granted")),
+        el("td", { class: "num refused" }, sum("refused")),
+        el("td", { class: "num shadow-refused" }, sum("shadow_refused"))));
+    });
+    $("service-rules").tBodies[0].replaceWith(body);
+  }
+
   async function refresh() {
     // One refresh at a time: a slow replica must not pile requests up.
     if (pending) return pending;
@@ -262,6 +314,12 @@
           renderLimits(limits, fill.kind);
         } else {
           $("subject").hidden = true;
+        }
+        const service = $("service").value.trim();
+        if (service) {
+          await renderService(service);
+        } else {
+          $("service-view").hidden = true;
         }
         showError(null);
         setText("refreshed", "last at " + new Date().toISOString());
@@ -290,8 +348,9 @@
   }
 
   document.addEventListener("DOMContentLoaded", () => {
-    const key = readFragment();
+    const { key, service } = readFragment();
     if (key) $("key").value = key;
+    if (service) $("service").value = service;
     $("token-form").addEventListener("submit", (event) => {
       event.preventDefault();
       sessionStorage.setItem(TOKEN_KEY, $("token").value);
@@ -302,6 +361,10 @@
       event.preventDefault();
       const value = $("key").value.trim();
       history.replaceState(null, "", window.location.pathname + (value ? "#key=" + encodeURIComponent(value) : ""));
+      refresh();
+    });
+    $("service-form").addEventListener("submit", (event) => {
+      event.preventDefault();
       refresh();
     });
     $("lock").addEventListener("click", () => lock(null));
