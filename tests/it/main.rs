@@ -16,6 +16,7 @@ mod app_revocation;
 mod app_security;
 mod architecture;
 mod coalescing;
+mod database_pgbouncer;
 mod decide;
 mod faults_clock;
 mod faults_database;

@@ -33,13 +33,17 @@ enum Command {
         #[command(flatten)]
         knobs: Box<config::Knobs>,
     },
-    /// Apply every pending migration to DATABASE_URL.
+    /// Apply every pending migration to PLEXSPHERE_SESSION_DATABASE_URL, or DATABASE_URL.
     Migrate {
         /// Apply migrations the database lacks below one it has already applied (refused
         /// otherwise, because they would run in another order than on a fresh database):
         /// only after checking that they do not depend on what was applied after them.
         #[arg(long)]
         allow_out_of_order: bool,
+        /// The database as a session reaches it, when DATABASE_URL names a transaction
+        /// pooler: migrations hold a session lock.
+        #[arg(long = "session-database-url", env = config::SESSION_DATABASE_URL, hide_env_values = true)]
+        session_url: Option<String>,
         #[command(flatten)]
         database: Database,
     },
@@ -208,8 +212,15 @@ async fn run(command: Command) -> Result<(), Failure> {
             let config = Config::from_knobs(&knobs)?;
             Ok(serve(config, !no_migrate).await?)
         }
-        Command::Migrate { allow_out_of_order, database } => {
-            Ok(migrate(database.options()?, allow_out_of_order).await?)
+        Command::Migrate { allow_out_of_order, session_url, database } => {
+            let target = match session_url.as_deref().map(str::trim).filter(|url| !url.is_empty()) {
+                Some(url) => config::database_options(Some(url)).map_err(|error| config::ConfigError {
+                    knob: config::SESSION_DATABASE_URL,
+                    problem: error.problem,
+                })?,
+                None => database.options()?,
+            };
+            Ok(migrate(target, allow_out_of_order).await?)
         }
         Command::Secrets { command: SecretsCommand::Rekey { batch_size, database, keys } } => {
             let keyring = keys.keyring()?;
@@ -244,7 +255,8 @@ pub async fn serve(config: Config, migrate_first: bool) -> anyhow::Result<()> {
             config::SECRETS_KEY
         );
     }
-    let pool = connect(config.database.clone()).await?;
+    // Migrations take a session lock: the database itself, never a transaction pooler.
+    let pool = connect(config.session_database.clone()).await?;
     if migrate_first {
         migrate_pool(&pool, false).await?;
     } else if let Some(out_of_order) = crate::migrations::gaps(&pool).await? {

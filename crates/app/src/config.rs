@@ -28,6 +28,14 @@ pub const LISTEN: &str = "PLEXSPHERE_LISTEN";
 pub const OPERATOR_TOKEN: &str = "PLEXSPHERE_OPERATOR_TOKEN";
 /// `PLEXSPHERE_OPERATOR_TOKENS`: named operator tokens, `name:token,name:token`.
 pub const OPERATOR_TOKENS: &str = "PLEXSPHERE_OPERATOR_TOKENS";
+/// `PLEXSPHERE_SESSION_DATABASE_URL`: the database as a session reaches it (not through a
+/// transaction pooler), for what needs one: LISTEN, the leader lock, migrations.
+pub const SESSION_DATABASE_URL: &str = "PLEXSPHERE_SESSION_DATABASE_URL";
+/// `PLEXSPHERE_DATABASE_POOLER`: what `DATABASE_URL` reaches: `none` (the server itself) or
+/// `transaction` (a transaction-mode pooler such as PgBouncer).
+pub const DATABASE_POOLER: &str = "PLEXSPHERE_DATABASE_POOLER";
+/// `PLEXSPHERE_LIMITER_SYNCHRONOUS_COMMIT`: the limiters' commit mode (docs/adr/0004).
+pub const LIMITER_SYNCHRONOUS_COMMIT: &str = "PLEXSPHERE_LIMITER_SYNCHRONOUS_COMMIT";
 /// `PLEXSPHERE_DECIDE_TOKENS`: the tokens of services and proxies that ask for decisions,
 /// `name:token,name:token`; unset, the decide API is off.
 pub const DECIDE_TOKENS: &str = "PLEXSPHERE_DECIDE_TOKENS";
@@ -147,6 +155,52 @@ impl From<FailModeKnob> for ratebudget::FailMode {
     }
 }
 
+/// What `DATABASE_URL` reaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Pooler {
+    /// The PostgreSQL server itself: statements are prepared once per connection and kept,
+    /// and each connection's settings (statement timeout, the limiters' commit mode) are
+    /// startup parameters.
+    None,
+    /// A transaction-mode pooler (PgBouncer's `pool_mode = transaction`): consecutive
+    /// transactions of one client connection may run on different server connections, so no
+    /// prepared statement is kept across them (sqlx's statement cache is off: each statement
+    /// is parsed unnamed in its own round trip's transaction), and no startup parameter is
+    /// sent (PgBouncer refuses `options`): the server's own settings apply (README, "Behind
+    /// PgBouncer").
+    Transaction,
+}
+
+/// The limiters' `synchronous_commit` (docs/adr/0004): `off` by default; `on` (with a
+/// synchronous standby, `remote_write` or `remote_apply`) when no granted take may be lost to
+/// a crash or a failover.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SynchronousCommit {
+    /// The commit returns before its WAL is flushed: a crash may lose the last moments' debits.
+    Off,
+    /// Flushed locally; a standby may still lack it.
+    Local,
+    /// Written (not flushed) by the synchronous standby too.
+    RemoteWrite,
+    /// Flushed locally and by the synchronous standby.
+    On,
+    /// Applied by the synchronous standby.
+    RemoteApply,
+}
+
+impl SynchronousCommit {
+    /// The setting's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SynchronousCommit::Off => "off",
+            SynchronousCommit::Local => "local",
+            SynchronousCommit::RemoteWrite => "remote_write",
+            SynchronousCommit::On => "on",
+            SynchronousCommit::RemoteApply => "remote_apply",
+        }
+    }
+}
+
 /// Every knob of `plexsphere serve`, as parsed: each is an environment variable (or the flag
 /// of the same name, for a one-off run). This is the one place knobs are named, defaulted and
 /// described; validation is [`Config::from_knobs`].
@@ -169,6 +223,22 @@ pub struct Knobs {
     /// its name, and one can be rotated while another works.
     #[arg(long, env = OPERATOR_TOKENS, value_name = OPERATOR_TOKENS, hide_env_values = true)]
     pub operator_tokens: Option<String>,
+    /// The database as a session reaches it, for LISTEN, the leader lock and migrations,
+    /// when DATABASE_URL names a transaction pooler: postgres://user@host:port/database.
+    /// Unset: DATABASE_URL.
+    #[arg(long, env = SESSION_DATABASE_URL, value_name = SESSION_DATABASE_URL, hide_env_values = true)]
+    pub session_database_url: Option<String>,
+    /// What DATABASE_URL reaches: `none`, the server itself, or `transaction`, a
+    /// transaction-mode pooler such as PgBouncer (no statement kept prepared, no startup
+    /// parameters).
+    #[arg(long, env = DATABASE_POOLER, value_name = DATABASE_POOLER, value_enum, default_value_t = Pooler::None)]
+    pub database_pooler: Pooler,
+    /// The limiters' synchronous_commit: `off` (a crash or failover may lose the last moments'
+    /// debits, docs/adr/0004), `local`, `remote_write`, `on` or `remote_apply` (with a
+    /// synchronous standby, no granted take is lost to a failover). Behind a transaction
+    /// pooler it is the server's own setting.
+    #[arg(long, env = LIMITER_SYNCHRONOUS_COMMIT, value_name = LIMITER_SYNCHRONOUS_COMMIT, value_enum, default_value_t = SynchronousCommit::Off)]
+    pub limiter_synchronous_commit: SynchronousCommit,
     /// Named bearer tokens of the services and proxies that ask for decisions
     /// (`POST /v1/decide`, Envoy's ShouldRateLimit, `GET /v1/snapshot`), `name:token`
     /// comma-separated as the operator tokens. Unset: the decide API is off.
@@ -587,6 +657,12 @@ pub struct Config {
     pub rule_usage_flush_interval: Duration,
     /// Where and how often metrics are pushed over OTLP, if anywhere.
     pub otlp: Option<OtlpConfig>,
+    /// The database as a session reaches it (LISTEN, the leader lock, migrations).
+    pub session_database: PgConnectOptions,
+    /// What `database` reaches.
+    pub pooler: Pooler,
+    /// The limiters' commit mode.
+    pub limiter_synchronous_commit: SynchronousCommit,
     /// Who may ask for decisions; empty: the decide API is off.
     pub decide_callers: Vec<OperatorCredential>,
     /// Where Envoy's rate limit service protocol is served, if anywhere.
@@ -626,6 +702,10 @@ impl std::fmt::Debug for Config {
                 &self.decide_callers.iter().map(|caller| caller.name.as_str()).collect::<Vec<_>>(),
             )
             .field("grpc_listen", &self.grpc_listen)
+            .field("session_database_host", &self.session_database.get_host())
+            .field("session_database_port", &self.session_database.get_port())
+            .field("pooler", &self.pooler)
+            .field("limiter_synchronous_commit", &self.limiter_synchronous_commit)
             .finish()
     }
 }
@@ -655,6 +735,11 @@ impl Config {
         let database = database_options(knobs.database_url.as_deref())?;
 
         let operators = operator_credentials(knobs)?;
+        let session_database = match knobs.session_database_url.as_deref().map(str::trim) {
+            Some(url) if !url.is_empty() => database_options(Some(url))
+                .map_err(|error| ConfigError::new(SESSION_DATABASE_URL, error.problem))?,
+            _ => database.clone(),
+        };
         let decide_callers = decide_credentials(knobs, &operators)?;
         let grpc_listen = match knobs.grpc_listen.trim() {
             "" => None,
@@ -770,6 +855,9 @@ impl Config {
             otlp,
             decide_callers,
             grpc_listen,
+            session_database,
+            pooler: knobs.database_pooler,
+            limiter_synchronous_commit: knobs.limiter_synchronous_commit,
         })
     }
 }

@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::budgets::{self, RuleBudgets, Sources};
-use crate::config::Config;
+use crate::config::{Config, Pooler};
 use crate::credentials::CredentialCache;
 use crate::decide::DecideService;
 use crate::fill::FillHistory;
@@ -140,24 +140,21 @@ impl Application {
         let shutdown = CancellationToken::new();
 
         let api_pool = request_pool(&config);
-        let store = Store::new(limiter_pool(&config)).with_coalescing(config.coalescing);
+        let store = limiter_store(&config);
         let rule_refs = RuleRefs::default();
         let usage = Arc::new(Usage::default());
         let fill = FillHistory::new();
         // Background work gets a pool of its own so it never takes a request's connection:
         // the sweep (which holds one while it runs), and the clock discipline, the rules' poll
         // and reloads, and the usage flush, which are short.
-        let background_pool = PgPoolOptions::new()
-            .max_connections(BACKGROUND_CONNECTIONS)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_lazy_with(
-                config
-                    .database
-                    .clone()
-                    .application_name("plexsphere-background")
-                    // The sweep bounds each batch itself; this stops the server's side too.
-                    .options([("statement_timeout", "10000")]),
-            );
+        let background_pool = pool_of(
+            &config,
+            "plexsphere-background",
+            BACKGROUND_CONNECTIONS,
+            Duration::from_secs(10),
+            // The sweep bounds each batch itself; this stops the server's side too.
+            &[("statement_timeout", "10000")],
+        );
         let time = match &wiring.time {
             TimeSource::Given(clock) => Time {
                 clock: clock.clone(),
@@ -302,8 +299,12 @@ impl Application {
         );
 
         watch_pools(&metrics, &state_pools);
-        let (leadership, elector) =
-            leader::elector(config.database.clone(), wiring.leader_timing, metrics.clone(), shutdown.clone());
+        let (leadership, elector) = leader::elector(
+            config.session_database.clone(),
+            wiring.leader_timing,
+            metrics.clone(),
+            shutdown.clone(),
+        );
         let (mut followers, hearing) = budgets::followers();
         followers.push(Box::new(Resets(guard.clone())));
         followers.push(Box::new(Revocations { cache: credentials, metrics: metrics.clone() }));
@@ -337,7 +338,8 @@ impl Application {
         );
         tasks.add("the leader elector", elector);
         tasks.add("the clock discipline", time.task);
-        tasks.add("the listener", listener::run(config.database.clone(), followers, shutdown.clone()));
+        tasks
+            .add("the listener", listener::run(config.session_database.clone(), followers, shutdown.clone()));
         tasks.add("the rule and tier follower", rules);
         tasks.add("the rule usage flusher", usage);
         if let Some(grpc_listener) = grpc_listener {
@@ -447,26 +449,103 @@ fn request_pool(config: &Config) -> PgPool {
 /// wrongly, and in exchange takes do not wait for a WAL flush. It must never serve the
 /// context repositories, whose writes are records.
 fn limiter_pool(config: &Config) -> PgPool {
-    pool(config, "plexsphere-limiter", &[("synchronous_commit", "off")])
+    pool(config, "plexsphere-limiter", &limiter_settings(config))
+}
+
+/// The limiters' session settings: asynchronous commits unless told otherwise (docs/adr/0004).
+fn limiter_settings(config: &Config) -> [(&'static str, &'static str); 1] {
+    [("synchronous_commit", config.limiter_synchronous_commit.as_str())]
+}
+
+/// The limiters' store on its pool; behind a transaction pooler each take runs in a
+/// transaction of its own, with the pool's settings as `SET LOCAL`s.
+fn limiter_store(config: &Config) -> Store {
+    let store = Store::new(limiter_pool(config)).with_coalescing(config.coalescing);
+    match config.pooler {
+        Pooler::None => store,
+        Pooler::Transaction => {
+            let timeout = config.database_timeout.as_millis().to_string();
+            let [commit] = limiter_settings(config);
+            store.through_transaction_pooler(&[("statement_timeout", timeout.as_str()), commit])
+        }
+    }
 }
 
 fn pool(config: &Config, application_name: &str, settings: &[(&str, &str)]) -> PgPool {
     let statement_timeout_ms = config.database_timeout.as_millis().to_string();
     let mut server_settings = vec![("statement_timeout", statement_timeout_ms.as_str())];
     server_settings.extend_from_slice(settings);
-    let options: PgConnectOptions = config
-        .database
-        .clone()
-        .application_name(application_name)
-        .options(server_settings)
-        .log_statements(tracing::log::LevelFilter::Trace);
-    PgPoolOptions::new()
-        .max_connections(config.database_max_connections)
-        .acquire_timeout(config.database_timeout)
+    pool_of(
+        config,
+        application_name,
+        config.database_max_connections,
+        config.database_timeout,
+        &server_settings,
+    )
+}
+
+/// A pool of `size` connections to `DATABASE_URL` with `settings`. To the server itself, the
+/// settings are startup parameters. Through a transaction pooler (see [`through_pooler`])
+/// each use of a connection is one transaction: `BEGIN` and the settings as `SET LOCAL`s
+/// when it is handed out, `COMMIT` and `DEALLOCATE ALL` when it comes back, so every statement
+/// of a use runs on one server connection, and none the next use cannot see is left behind.
+fn pool_of(
+    config: &Config,
+    application_name: &str,
+    size: u32,
+    acquire_timeout: Duration,
+    settings: &[(&str, &str)],
+) -> PgPool {
+    let options = through_pooler(
+        config,
+        config
+            .database
+            .clone()
+            .application_name(application_name)
+            .log_statements(tracing::log::LevelFilter::Trace),
+        settings,
+    );
+    let pool = PgPoolOptions::new()
+        .max_connections(size)
+        .acquire_timeout(acquire_timeout)
         // A broken connection fails its statement and is replaced; pinging every connection
         // before each use would add a round trip to every request to catch that earlier.
-        .test_before_acquire(false)
-        .connect_lazy_with(options)
+        .test_before_acquire(false);
+    match config.pooler {
+        Pooler::None => pool.connect_lazy_with(options),
+        Pooler::Transaction => {
+            use sqlx::Executor as _;
+            let begin: Arc<str> = ratebudget::transaction_begin(settings).into();
+            let on_acquire = begin.clone();
+            pool.after_connect(move |connection, _| {
+                let begin = begin.clone();
+                Box::pin(async move { connection.execute(&*begin).await.map(|_| ()) })
+            })
+            .before_acquire(move |connection, _| {
+                let begin = on_acquire.clone();
+                Box::pin(async move { connection.execute(&*begin).await.map(|_| true) })
+            })
+            // COMMIT first: in a transaction a failed statement aborted, it rolls back (and
+            // succeeds), so DEALLOCATE ALL always runs; a connection where either fails is
+            // closed rather than reused.
+            .after_release(|connection, _| {
+                Box::pin(async move { Ok(connection.execute("COMMIT; DEALLOCATE ALL").await.is_ok()) })
+            })
+            .connect_lazy_with(options)
+        }
+    }
+}
+
+/// `options` with `settings` as startup parameters, as the server takes them; through a
+/// transaction pooler, without them (PgBouncer refuses the `options` parameter, and a session
+/// setting would not follow a client from one server connection to the next) and without
+/// keeping prepared statements (the next transaction may run on a server connection that
+/// never prepared them).
+fn through_pooler(config: &Config, options: PgConnectOptions, settings: &[(&str, &str)]) -> PgConnectOptions {
+    match config.pooler {
+        Pooler::None => options.options(settings.iter().copied()),
+        Pooler::Transaction => options.statement_cache_capacity(0),
+    }
 }
 
 fn bind_secrets(

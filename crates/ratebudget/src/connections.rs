@@ -33,6 +33,9 @@ struct Idle {
 /// A bounded set of connections for takes, sized and configured like `pool`.
 pub(crate) struct TakeConnections {
     pool: PgPool,
+    /// Behind a transaction pooler: what opens each lease's transaction (`BEGIN` and its
+    /// `SET LOCAL`s). See [`crate::Store::through_transaction_pooler`].
+    pooled: Option<Arc<str>>,
     idle: Mutex<Vec<Idle>>,
     permits: Arc<Semaphore>,
     size: usize,
@@ -44,6 +47,7 @@ impl TakeConnections {
         let size = pool.options().get_max_connections() as usize;
         TakeConnections {
             pool,
+            pooled: None,
             idle: Mutex::new(Vec::with_capacity(size)),
             permits: Arc::new(Semaphore::new(size)),
             size,
@@ -51,14 +55,25 @@ impl TakeConnections {
         }
     }
 
+    /// The same set, each lease in a transaction `begin` opens (behind a transaction pooler).
+    pub(crate) fn pooled(pool: PgPool, begin: String) -> TakeConnections {
+        TakeConnections { pooled: Some(begin.into()), ..TakeConnections::new(pool) }
+    }
+
     /// A connection for one statement, waiting at most the pool's acquire timeout for a free
-    /// one and for a new one to connect.
+    /// one and for a new one to connect; behind a transaction pooler, in a transaction of its
+    /// own, which [`Lease::finish`] ends.
     pub(crate) async fn lease(self: &Arc<Self>) -> Result<Lease, sqlx::Error> {
         let acquire_timeout = self.pool.options().get_acquire_timeout();
         self.waiting.fetch_add(1, Ordering::Relaxed);
         let lease = tokio::time::timeout(acquire_timeout, self.lease_unbounded()).await;
         self.waiting.fetch_sub(1, Ordering::Relaxed);
-        lease.map_err(|_| sqlx::Error::PoolTimedOut)?
+        let mut lease = lease.map_err(|_| sqlx::Error::PoolTimedOut)??;
+        if let Some(begin) = &self.pooled {
+            // A simple query: one round trip, no statement to prepare.
+            sqlx::Executor::execute(lease.connection(), &**begin).await?;
+        }
+        Ok(lease)
     }
 
     /// How many connections are leased right now, and how many callers wait for one.
@@ -138,8 +153,20 @@ impl Lease {
         self.connection.as_mut().expect("a lease holds its connection until released")
     }
 
+    /// Ends the lease's statement: behind a transaction pooler, commits its transaction and
+    /// forgets the statements it prepared (the pooler may give the next transaction another
+    /// server connection, where they do not exist and a name could collide), then returns the
+    /// connection for reuse.
+    pub(crate) async fn finish(mut self) -> Result<(), sqlx::Error> {
+        if self.set.pooled.is_some() {
+            sqlx::Executor::execute(self.connection(), "COMMIT; DEALLOCATE ALL").await?;
+        }
+        self.release();
+        Ok(())
+    }
+
     /// Returns the connection for reuse; call it only after the statement completed.
-    pub(crate) fn release(mut self) {
+    fn release(mut self) {
         if let Some(connection) = self.connection.take() {
             if self.opened_at.elapsed() < MAX_LIFETIME && !self.set.pool.is_closed() {
                 let idle = Idle { connection, opened_at: self.opened_at, released_at: Instant::now() };

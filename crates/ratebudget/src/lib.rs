@@ -66,7 +66,7 @@ pub use name::{InvalidName, Name};
 pub use named::{LimiterName, NamedKey, NamedSpend};
 pub use policy::{Algorithm, BoxError, Budgets, Enforcement, FailMode, FixedBudgets, Mode, Policy, RuleRef};
 pub use spender::{PairBudget, SingleBudget, Spender, Spent};
-pub use store::{Bucket, IdleSweep, Store, RESET_CHANNEL};
+pub use store::{transaction_begin, Bucket, IdleSweep, Store, RESET_CHANNEL};
 
 /// The crate's own migrations: schema `plexsphere`, its tables `rate_budgets` and
 /// `named_limits`, and the functions that decide. Apply them before a [`Store`] is used:

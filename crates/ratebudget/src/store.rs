@@ -74,6 +74,20 @@ impl Store {
         Store { takes, pool, coalescer }
     }
 
+    /// This store, for a pool that reaches PostgreSQL through a transaction-mode pooler
+    /// (PgBouncer's `pool_mode = transaction`), which may run each transaction of a client
+    /// connection on another server connection: each take runs in a transaction of its own,
+    /// opened with `settings` as `SET LOCAL`s (the pooler drops startup parameters, and a
+    /// session setting would not follow the client), and the statements it prepared are
+    /// forgotten before it commits. The pool must have sqlx's statement cache off
+    /// (`statement_cache_capacity(0)`). Two more round trips a take: behind a pooler, a
+    /// coalesced call pays them once for all its takes.
+    pub fn through_transaction_pooler(mut self, settings: &[(&str, &str)]) -> Store {
+        self.takes = Arc::new(TakeConnections::pooled(self.pool.clone(), transaction_begin(settings)));
+        self.coalescer = Arc::new(Coalescer::new(self.takes.clone(), self.coalescer.coalescing()));
+        self
+    }
+
     /// This store, coalescing concurrent takes as `coalescing` says (docs/adr/0006;
     /// [`Coalescing::DEFAULT`] unless told otherwise). Clones made before keep their own.
     pub fn with_coalescing(mut self, coalescing: Coalescing) -> Store {
@@ -410,7 +424,7 @@ impl Store {
                 .bind(i64::from(spend.cells))
                 .fetch_optional(lease.connection())
                 .await?;
-            lease.release();
+            lease.finish().await?;
             Ok(row)
         })
         .await?;
@@ -518,4 +532,20 @@ impl IdleSweep<'_> {
     pub fn deleted(&self) -> u64 {
         self.deleted
     }
+}
+
+/// `BEGIN` and a `SET LOCAL` for each of `settings`, as one simple query: what opens a
+/// transaction behind a transaction pooler ([`Store::through_transaction_pooler`]). Values
+/// are quoted as SQL literals.
+pub fn transaction_begin(settings: &[(&str, &str)]) -> String {
+    let mut begin = String::from("BEGIN");
+    for (name, value) in settings {
+        // A setting's name is an identifier of letters, digits and underscores; anything else
+        // is dropped rather than spliced into SQL.
+        if !name.bytes().all(|byte| byte.is_ascii_alphanumeric() || byte == b'_') {
+            continue;
+        }
+        begin.push_str(&format!("; SET LOCAL {name} = '{}'", value.replace('\'', "''")));
+    }
+    begin
 }

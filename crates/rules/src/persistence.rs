@@ -29,6 +29,7 @@ const ROLLBACK_REFUSAL: &str = include_str!("../queries/rollback_refusal.sql");
 const CURRENT_VERSION: &str = include_str!("../queries/current_version.sql");
 const GET: &str = include_str!("../queries/get.sql");
 const LIST: &str = include_str!("../queries/list.sql");
+const LOAD: &str = include_str!("../queries/load.sql");
 const HISTORY: &str = include_str!("../queries/history.sql");
 const REVISION: &str = include_str!("../queries/revision.sql");
 const ADD_USAGE: &str = include_str!("../queries/add_usage.sql");
@@ -336,22 +337,19 @@ impl RulesRepository for PgRulesRepository {
 
     #[tracing::instrument(level = "debug", skip_all)]
     async fn load(&self) -> Result<(i64, Vec<Rule>), RepositoryError> {
-        // Two reads that must agree: one snapshot of the database for both.
-        let mut transaction = self.pool.begin().await.map_err(unavailable)?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            .execute(&mut *transaction)
-            .await
-            .map_err(unavailable)?;
-        let revision: i64 =
-            sqlx::query_scalar(REVISION).fetch_one(&mut *transaction).await.map_err(unavailable)?;
-        let rows = sqlx::query(LIST)
-            .bind(None::<&str>)
-            .bind(None::<&str>)
-            .fetch_all(&mut *transaction)
-            .await
-            .map_err(unavailable)?;
-        transaction.commit().await.map_err(unavailable)?;
-        Ok((revision, rows.iter().map(rule_from_row).collect::<Result<_, _>>()?))
+        // The revision and the rules must agree: one statement reads both from one snapshot.
+        let rows = sqlx::query(LOAD).fetch_all(&self.pool).await.map_err(unavailable)?;
+        let first =
+            rows.first().ok_or_else(|| RepositoryError("the rules' revision row is missing".into()))?;
+        let revision: i64 = first.try_get("snapshot_revision").map_err(unavailable)?;
+        let mut rules = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let rule_id: Option<String> = row.try_get("rule_id").map_err(unavailable)?;
+            if rule_id.is_some() {
+                rules.push(rule_from_row(row)?);
+            }
+        }
+        Ok((revision, rules))
     }
 
     #[tracing::instrument(level = "debug", skip_all)]

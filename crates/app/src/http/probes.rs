@@ -52,9 +52,16 @@ impl Readiness {
                 return answer.clone();
             }
         }
-        let probe = sqlx::query("SELECT 1").execute(&self.pool);
+        // A standby (or a primary demoted to one) answers, but every write fails: a replica
+        // talking to it decides nothing, and must not be sent traffic until it reaches a
+        // writable primary again (after a failover).
+        let probe = sqlx::query_scalar::<_, bool>(
+            "SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'",
+        )
+        .fetch_one(&self.pool);
         let answer = match tokio::time::timeout(self.timeout, probe).await {
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(true)) => Ok(()),
+            Ok(Ok(false)) => Err("the database is read-only (a standby, or in recovery)".to_owned()),
             Ok(Err(error)) => Err(error.to_string()),
             Err(_) => Err("the database did not answer in time".to_owned()),
         };
@@ -63,8 +70,8 @@ impl Readiness {
     }
 }
 
-/// `GET /readyz`: 200 only when the database answers in time (as of a probe at most a second
-/// old), this replica's clock is within its bound of the database's, and its rules and tiers
+/// `GET /readyz`: 200 only when a writable primary answers in time (as of a probe at most a
+/// second old), this replica's clock is within its bound of the database's, and its rules and tiers
 /// are loaded (it does not decide otherwise), so a load balancer sends traffic elsewhere while
 /// any of them fails.
 pub(super) async fn readyz(State(state): State<AppState>) -> Response {

@@ -64,7 +64,7 @@ pub(crate) async fn run(
         [(statement, now)] => vec![run_one(lease.connection(), *statement, *now).await?],
         _ => run_many(lease.connection(), statements).await?,
     };
-    lease.release();
+    lease.finish().await?;
     Ok(decisions)
 }
 

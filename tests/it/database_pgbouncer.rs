@@ -1,0 +1,107 @@
+//! Replicas behind PgBouncer in transaction mode (issue 24): decisions and repositories go
+//! through the pooler (`DATABASE_URL`, `PLEXSPHERE_DATABASE_POOLER=transaction`), LISTEN, the
+//! leader lock and migrations through a session of their own
+//! (`PLEXSPHERE_SESSION_DATABASE_URL`). Four server connections serve every client
+//! connection of both replicas, so consecutive transactions of one client land on different
+//! server connections, which is what breaks a client that keeps statements prepared.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use app::config::Config;
+use ratebudget::ManualClock;
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use crate::support::helpers::instant;
+use crate::support::pgbouncer::PgBouncer;
+use crate::support::replicas::{config, eventually, Replica};
+
+/// A replica's configuration with `DATABASE_URL` through `bouncer` and its session URL to
+/// the server directly.
+fn behind(bouncer: &PgBouncer, connect: &PgConnectOptions, knobs: &[(&str, &str)]) -> Config {
+    let mut all =
+        vec![("PLEXSPHERE_DATABASE_POOLER", "transaction"), ("PLEXSPHERE_SECRET_READ_NODE_BURST", "5")];
+    all.extend_from_slice(knobs);
+    let mut config = config(connect, &all);
+    config.session_database = connect.clone();
+    config.database = connect.clone().host("127.0.0.1").port(bouncer.port());
+    config
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn two_replicas_behind_pgbouncer_in_transaction_mode_decide_exactly(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let bouncer = PgBouncer::start(connect.get_host(), connect.get_port(), 4);
+    let clock = Arc::new(ManualClock::new(instant()));
+    let a = Replica::start(behind(&bouncer, &connect, &[]), clock.clone()).await;
+    let b = Replica::start(behind(&bouncer, &connect, &[]), clock.clone()).await;
+
+    // Ten Nodes, each a burst of five secret reads; thirty reads each, all at once, half
+    // through each replica: exactly five granted per Node, the rest refused, nothing failed.
+    let domain = a.create_domain("bouncer", Some((100.0, 100.0))).await;
+    a.put_secret(&domain, "key", "value").await;
+    let mut tokens = Vec::new();
+    for node in 0..10 {
+        tokens.push(a.enrol(&domain, &format!("n{node}")).await.1);
+    }
+    let mut reads = Vec::new();
+    for (index, token) in tokens.iter().enumerate() {
+        for attempt in 0..30 {
+            let replica = if (index + attempt) % 2 == 0 { &*a } else { &*b };
+            let (replica, token) = (replica.clone(), token.clone());
+            reads.push(tokio::spawn(async move {
+                (index, replica.get("/v1/secrets/key", Some(&token)).await.status)
+            }));
+        }
+    }
+    let mut granted = vec![0; tokens.len()];
+    for read in reads {
+        let (index, status) = read.await.unwrap();
+        match status {
+            StatusCode::OK => granted[index] += 1,
+            StatusCode::TOO_MANY_REQUESTS => {}
+            other => panic!("a read answered {other}"),
+        }
+    }
+    assert_eq!(granted, vec![5; tokens.len()], "the burst across both replicas, exactly");
+
+    // A rule written through one replica governs the other within a second.
+    let rule =
+        json!({ "scope": "secret_read_node", "selector": { "domain": domain }, "rate": 1, "burst": 50 });
+    let answer = a.operator(Method::PUT, "/v1/rules/bouncer-reads", Some(rule)).await;
+    assert_eq!(answer.status, StatusCode::CREATED, "{answer:?}");
+    eventually(Duration::from_secs(1), "b decides by the rule written through a", || async {
+        let limits = b.operator(Method::GET, &format!("/v1/domains/{domain}/limits"), None).await;
+        limits.body["limits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|limit| limit["governed_by"]["rule_id"] == "bouncer-reads")
+    })
+    .await;
+
+    // A revocation through one replica reaches the other within a second.
+    let (node, token) = a.enrol(&domain, "revoked").await;
+    assert_eq!(b.get("/v1/secrets/key", Some(&token)).await.status, StatusCode::OK);
+    let revoked = a.operator(Method::DELETE, &format!("/v1/domains/{domain}/nodes/{node}"), None).await;
+    assert_eq!(revoked.status, StatusCode::NO_CONTENT);
+    eventually(Duration::from_secs(1), "b refuses the revoked token", || async {
+        b.get("/v1/secrets/key", Some(&token)).await.status == StatusCode::UNAUTHORIZED
+    })
+    .await;
+
+    // One leader, on its session connection.
+    eventually(Duration::from_secs(10), "one replica leads", || async {
+        a.leadership.is_leader() != b.leadership.is_leader()
+    })
+    .await;
+    for _ in 0..3 {
+        tokio::time::sleep(crate::support::replicas::FAST_LEADER.retry).await;
+        assert!(a.leadership.is_leader() != b.leadership.is_leader());
+    }
+    assert_eq!(a.get("/readyz", None).await.status, StatusCode::OK);
+}
