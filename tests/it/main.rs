@@ -20,6 +20,7 @@ mod database_pgbouncer;
 mod decide;
 mod faults_clock;
 mod faults_database;
+mod faults_failover;
 mod faults_history;
 mod faults_http;
 mod faults_leader;

@@ -42,16 +42,25 @@ pub(crate) struct PrivateCluster {
     /// `ip netns exec <name>` when the server runs inside a network namespace.
     namespace: Option<String>,
     listen: String,
+    /// More `-c name=value` server options.
+    settings: String,
 }
 
 impl PrivateCluster {
     /// initdb and start a cluster listening on `listen` (a `listen_addresses` value) and `port`,
     /// inside `namespace` when one is given.
     pub(crate) fn start(listen: &str, port: u16, namespace: Option<&str>) -> PrivateCluster {
-        let root = std::env::temp_dir().join(format!("plexsphere-pg-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&root).unwrap();
-        let cluster =
-            PrivateCluster { root, port, namespace: namespace.map(str::to_owned), listen: listen.to_owned() };
+        PrivateCluster::start_with(listen, port, namespace, "")
+    }
+
+    /// [`PrivateCluster::start`], with more server options (`-c name=value ...`).
+    pub(crate) fn start_with(
+        listen: &str,
+        port: u16,
+        namespace: Option<&str>,
+        settings: &str,
+    ) -> PrivateCluster {
+        let cluster = PrivateCluster::empty(listen, port, namespace, settings);
         run(Command::new("chown").args(["postgres:postgres"]).arg(&cluster.root));
         run(Command::new("runuser")
             .args(["-u", "postgres", "--"])
@@ -65,6 +74,49 @@ impl PrivateCluster {
         std::fs::write(&hba, rules).unwrap();
         cluster.start_server();
         cluster
+    }
+
+    fn empty(listen: &str, port: u16, namespace: Option<&str>, settings: &str) -> PrivateCluster {
+        let root = std::env::temp_dir().join(format!("plexsphere-pg-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&root).unwrap();
+        PrivateCluster {
+            root,
+            port,
+            namespace: namespace.map(str::to_owned),
+            listen: listen.to_owned(),
+            settings: settings.to_owned(),
+        }
+    }
+
+    /// A streaming standby of `primary` (`pg_basebackup -R`, WAL streamed during the copy),
+    /// serving read-only on 127.0.0.1 and `port` until [`PrivateCluster::promote`].
+    pub(crate) fn standby_of(primary: &PrivateCluster, port: u16) -> PrivateCluster {
+        let cluster = PrivateCluster::empty(&primary.listen, port, None, "");
+        run(Command::new("chown").args(["postgres:postgres"]).arg(&cluster.root));
+        run(Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(bin().join("pg_basebackup"))
+            .arg("-h")
+            .arg(primary.socket_dir())
+            .args([
+                "-p",
+                &primary.port.to_string(),
+                "-U",
+                "postgres",
+                "-X",
+                "stream",
+                "-R",
+                "--no-sync",
+                "-D",
+            ])
+            .arg(cluster.data()));
+        cluster.start_server();
+        cluster
+    }
+
+    /// Promotes this standby to a primary and waits until it accepts writes.
+    pub(crate) fn promote(&self) {
+        run(&mut self.pg_ctl(&["promote", "-w", "-t", "30"]));
     }
 
     fn data(&self) -> PathBuf {
@@ -117,10 +169,11 @@ impl PrivateCluster {
     /// had not yet written, which is the window the crash tests measure.
     pub(crate) fn start_server(&self) {
         let options = format!(
-            "-p {} -k {} -c listen_addresses='{}' -c fsync=off -c max_connections=200 -c shared_buffers=32MB",
+            "-p {} -k {} -c listen_addresses='{}' -c fsync=off -c max_connections=200 -c shared_buffers=32MB {}",
             self.port,
             self.root.display(),
-            self.listen
+            self.listen,
+            self.settings,
         );
         let log = self.root.join("server.log");
         run(&mut self.pg_ctl(&["start", "-w", "-t", "30", "-l", log.to_str().unwrap(), "-o", &options]));

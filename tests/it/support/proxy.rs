@@ -27,6 +27,8 @@ pub(crate) enum Mode {
 struct Setting {
     mode: Mode,
     epoch: u64,
+    /// Where connections go: moved, as a virtual IP or HAProxy moves to a promoted standby.
+    upstream: SocketAddr,
 }
 
 pub(crate) struct Proxy {
@@ -66,7 +68,7 @@ impl Proxy {
     pub(crate) async fn start(upstream: SocketAddr) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
-        let (setting, watcher) = watch::channel(Setting { mode: Mode::Open, epoch: 0 });
+        let (setting, watcher) = watch::channel(Setting { mode: Mode::Open, epoch: 0, upstream });
         let counts = Arc::new(Counts::default());
         let task = tokio::spawn({
             let counts = counts.clone();
@@ -76,7 +78,7 @@ impl Proxy {
                     let (open, watcher) = (Open::new(&counts), watcher.clone());
                     tokio::spawn(async move {
                         let _open = open;
-                        forward(client, upstream, watcher).await;
+                        forward(client, watcher).await;
                     });
                 }
             }
@@ -98,6 +100,15 @@ impl Proxy {
         self.address
     }
 
+    /// Sends new connections to `upstream` from now on, and closes every open one, as a
+    /// virtual IP or a health-checking proxy does when a standby is promoted.
+    pub(crate) fn retarget(&self, upstream: SocketAddr) {
+        self.setting.send_modify(|setting| {
+            setting.upstream = upstream;
+            setting.epoch += 1;
+        });
+    }
+
     /// Changes the mode; every connection opened under the previous setting is closed (a
     /// stalled one as soon as the stall ends).
     pub(crate) fn set(&self, mode: Mode) {
@@ -115,8 +126,9 @@ impl Drop for Proxy {
     }
 }
 
-async fn forward(mut client: TcpStream, upstream: SocketAddr, mut setting: watch::Receiver<Setting>) {
+async fn forward(mut client: TcpStream, mut setting: watch::Receiver<Setting>) {
     let start = *setting.borrow_and_update();
+    let upstream = start.upstream;
     match start.mode {
         Mode::Severed => return,
         Mode::Stalled => {
@@ -145,7 +157,7 @@ async fn forward(mut client: TcpStream, upstream: SocketAddr, mut setting: watch
         _ = tokio::io::copy_bidirectional(&mut client, &mut server) => return,
         changed = setting.wait_for(|now| now.epoch != start.epoch) => changed.map(|now| *now),
     };
-    if let Ok(Setting { mode: Mode::Stalled, epoch }) = changed {
+    if let Ok(Setting { mode: Mode::Stalled, epoch, .. }) = changed {
         // Hold both sockets open and silent until the stall ends (or the client closes its
         // end), then close them.
         tokio::select! {
