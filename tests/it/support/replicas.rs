@@ -51,7 +51,10 @@ pub(crate) fn config(database: &PgConnectOptions, knobs: &[(&str, &str)]) -> Con
     let derived = derived.as_deref().map(|millis| (config::DECISION_TIMEOUT_MS, millis));
     let knobs = Knobs::from_pairs(base.iter().chain(knobs).chain(derived.as_ref()).copied()).unwrap();
     let mut config = Config::from_knobs(&knobs).unwrap();
+    // Both URLs name the test's own database: the listener and the leader lock live on the
+    // session URL, and a session on another database hears none of this test's announcements.
     config.database = database.clone();
+    config.session_database = database.clone();
     config
 }
 
