@@ -349,3 +349,55 @@ async fn a_change_that_may_grow_a_budget_makes_the_precheck_forget_the_buckets_i
     assert_eq!(remembered().await, 2.0);
     api.stop().await;
 }
+
+/// An issuance limiter the rules follower never calls: it only reads the Domains' tiers.
+struct NoIssuance;
+
+#[async_trait::async_trait]
+impl access::Limiter for NoIssuance {
+    async fn spend_issuance(&self, _: access::DomainId) -> Result<(), access::IssuanceLimitError> {
+        unreachable!("the rules follower issues nothing")
+    }
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn the_rules_follower_stops_at_shutdown_after_the_listener_has_gone(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // At shutdown the listener ends first and drops its followers; the rules follower then
+    // hears its channel close. It used to wait for ever inside that arm, no longer watching
+    // for shutdown, and a replica's stop hung whenever the close was seen first.
+    let pool = pool_options.connect_with(connect.clone()).await.unwrap();
+    let guard = Arc::new(ratebudget::Guard::builder(ratebudget::Store::new(pool.clone())).build());
+    let budgets =
+        Arc::new(app::budgets::RuleBudgets::new(&config(&connect, &[]), guard, rules::RuleRefs::default()));
+    let sources = app::budgets::Sources {
+        rules: rules::RulesService::new(Arc::new(rules::PgRulesRepository::new(pool.clone()))),
+        access: access::AccessService::new(
+            Arc::new(access::PgAccessRepository::new(pool.clone())),
+            Arc::new(NoIssuance),
+        ),
+    };
+    let (followers, hearing) = app::budgets::followers();
+    drop(followers);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let follower = tokio::spawn(app::budgets::follow(
+        budgets,
+        sources,
+        hearing,
+        Duration::from_secs(3600),
+        shutdown.clone(),
+    ));
+    // The test runs on one thread: each yield lets the follower run until it waits again, so
+    // it has seen the channel close before shutdown is signalled.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!follower.is_finished());
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(5), follower)
+        .await
+        .expect("the rules follower ends at shutdown")
+        .unwrap();
+}

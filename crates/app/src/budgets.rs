@@ -414,18 +414,23 @@ pub async fn follow(
     shutdown: CancellationToken,
 ) {
     let mut next_check = tokio::time::Instant::now() + poll;
+    let mut listener_gone = false;
     loop {
         let event = tokio::select! {
+            // Shutdown first: the listener ends on the same signal, and its end must not be
+            // taken for an event to wait on.
+            biased;
             () = shutdown.cancelled() => return,
-            () = tokio::time::sleep_until(next_check) => None,
-            event = heard.recv() => match event {
+            event = heard.recv(), if !listener_gone => match event {
                 Some(event) => Some(event),
-                // The listener is gone (shutdown): the poll alone keeps the rules current.
+                // The listener is gone: the poll alone keeps the rules current. Waiting for
+                // what will never come inside this arm would also stop watching for shutdown.
                 None => {
-                    std::future::pending::<()>().await;
-                    None
+                    listener_gone = true;
+                    continue;
                 }
             },
+            () = tokio::time::sleep_until(next_check) => None,
         };
         match event {
             None => {
