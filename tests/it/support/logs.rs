@@ -12,17 +12,67 @@ use tracing_subscriber::fmt::MakeWriter;
 #[derive(Clone, Default)]
 pub(crate) struct Logs(Arc<Mutex<Vec<u8>>>);
 
+thread_local! {
+    /// This thread's own capture, while a [`ThreadCapture`] guard lives: where its lines go,
+    /// and from which level.
+    static THIS_THREAD: std::cell::RefCell<Option<(Logs, tracing::Level)>> = const { std::cell::RefCell::new(None) };
+}
+
+/// While it lives, the lines of its thread's code are captured apart (see
+/// [`Logs::capture_this_thread`]).
+pub(crate) struct ThreadCapture(());
+
+impl Drop for ThreadCapture {
+    fn drop(&mut self) {
+        THIS_THREAD.with(|capture| capture.borrow_mut().take());
+    }
+}
+
+/// The writer of a thread's own capture; it writes nowhere on a thread without one.
+#[derive(Clone, Copy)]
+struct ThisThread;
+
+impl<'a> MakeWriter<'a> for ThisThread {
+    type Writer = Box<dyn Write>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        match THIS_THREAD.with(|capture| capture.borrow().as_ref().map(|(logs, _)| logs.clone())) {
+            Some(logs) => Box::new(LogWriter(logs.0)),
+            None => Box::new(std::io::sink()),
+        }
+    }
+}
+
 impl Logs {
-    /// The process's captured logs, installing the capture the first time.
+    /// The process's captured logs (`info` and above), installing the capture the first time.
+    ///
+    /// One subscriber serves the whole process for its whole life, with a second layer for the
+    /// threads that capture their own lines: per-thread subscribers (`set_default`) race with
+    /// one another and with the global one over tracing's cached callsite interest, and a
+    /// capture then missed most of its lines while other tests ran beside it.
     pub(crate) fn capture() -> Logs {
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::util::SubscriberInitExt;
+        use tracing_subscriber::Layer;
+
         static LOGS: OnceLock<Logs> = OnceLock::new();
         LOGS.get_or_init(|| {
             let logs = Logs::default();
-            tracing_subscriber::fmt()
-                .with_env_filter("info")
+            let process = tracing_subscriber::fmt::layer()
                 .with_ansi(false)
                 .with_writer(logs.clone())
-                .init();
+                .with_filter(tracing_subscriber::filter::LevelFilter::INFO);
+            // Asked at every span and event (the callsite's interest is "sometimes", never
+            // cached as yes or no), so a thread that starts capturing later sees its lines.
+            let this_thread = tracing_subscriber::fmt::layer().with_ansi(false).with_writer(ThisThread).with_filter(
+                tracing_subscriber::filter::dynamic_filter_fn(|metadata, _| {
+                    THIS_THREAD.with(|capture| {
+                        capture.borrow().as_ref().is_some_and(|(_, level)| metadata.level() <= level)
+                    })
+                })
+                .with_callsite_filter(|_| tracing::subscriber::Interest::sometimes()),
+            );
+            tracing_subscriber::registry().with(process).with(this_thread).init();
             logs
         })
         .clone()
@@ -31,15 +81,11 @@ impl Logs {
     /// A capture of every line this thread's code logs at `level` or above, for as long as the
     /// guard lives, apart from the process's capture. A test on a current-thread runtime (as
     /// `#[sqlx::test]` is) sees its replicas' lines too, since their tasks run on its thread.
-    pub(crate) fn capture_this_thread(level: tracing::Level) -> (Logs, tracing::subscriber::DefaultGuard) {
+    pub(crate) fn capture_this_thread(level: tracing::Level) -> (Logs, ThreadCapture) {
+        Logs::capture();
         let logs = Logs::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(level)
-            .with_ansi(false)
-            .with_writer(logs.clone())
-            .finish();
-        let guard = tracing::subscriber::set_default(subscriber);
-        (logs, guard)
+        THIS_THREAD.with(|capture| *capture.borrow_mut() = Some((logs.clone(), level)));
+        (logs, ThreadCapture(()))
     }
 
     /// Everything captured.
