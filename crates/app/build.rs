@@ -15,8 +15,12 @@ fn main() {
         .expect("the gRPC server code is generated");
     // A new commit moves HEAD or the branch it names; a build outside a git checkout (a source
     // archive) says so rather than failing.
+    // A path that does not exist (packed-refs before the first `git gc`) would rerun this
+    // script, and rebuild the crate, on every build.
     for path in ["../../.git/HEAD", "../../.git/refs/heads", "../../.git/packed-refs"] {
-        println!("cargo:rerun-if-changed={path}");
+        if std::path::Path::new(path).exists() {
+            println!("cargo:rerun-if-changed={path}");
+        }
     }
     let commit = Command::new("git")
         .args(["rev-parse", "--short=12", "HEAD"])
