@@ -64,14 +64,15 @@ impl Logs {
                 .with_filter(tracing_subscriber::filter::LevelFilter::INFO);
             // Asked at every span and event (the callsite's interest is "sometimes", never
             // cached as yes or no), so a thread that starts capturing later sees its lines.
-            let this_thread = tracing_subscriber::fmt::layer().with_ansi(false).with_writer(ThisThread).with_filter(
-                tracing_subscriber::filter::dynamic_filter_fn(|metadata, _| {
-                    THIS_THREAD.with(|capture| {
-                        capture.borrow().as_ref().is_some_and(|(_, level)| metadata.level() <= level)
+            let this_thread =
+                tracing_subscriber::fmt::layer().with_ansi(false).with_writer(ThisThread).with_filter(
+                    tracing_subscriber::filter::dynamic_filter_fn(|metadata, _| {
+                        THIS_THREAD.with(|capture| {
+                            capture.borrow().as_ref().is_some_and(|(_, level)| metadata.level() <= level)
+                        })
                     })
-                })
-                .with_callsite_filter(|_| tracing::subscriber::Interest::sometimes()),
-            );
+                    .with_callsite_filter(|_| tracing::subscriber::Interest::sometimes()),
+                );
             tracing_subscriber::registry().with(process).with(this_thread).init();
             logs
         })
