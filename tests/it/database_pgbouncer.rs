@@ -84,6 +84,14 @@ async fn two_replicas_behind_pgbouncer_in_transaction_mode_decide_exactly(
     })
     .await;
 
+    // What one replica answered as written is committed: the other sees it at once, every
+    // time. (The transaction each use of a pooled connection is used to be committed only
+    // when sqlx returned the connection, in a task of its own, after the answer.)
+    for node in 0..20 {
+        let (_, token) = a.enrol(&domain, &format!("seen-{node}")).await;
+        assert_eq!(b.get("/v1/secrets/key", Some(&token)).await.status, StatusCode::OK, "enrolment {node}");
+    }
+
     // A revocation through one replica reaches the other within a second.
     let (node, token) = a.enrol(&domain, "revoked").await;
     assert_eq!(b.get("/v1/secrets/key", Some(&token)).await.status, StatusCode::OK);
@@ -104,4 +112,38 @@ async fn two_replicas_behind_pgbouncer_in_transaction_mode_decide_exactly(
         assert!(a.leadership.is_leader() != b.leadership.is_leader());
     }
     assert_eq!(a.get("/readyz", None).await.status, StatusCode::OK);
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_statement_through_the_pooler_answers_only_once_it_is_committed(
+    options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Behind a transaction pooler each use of a connection is a transaction the pool opens;
+    // sqlx returns a connection in a task of its own, so a COMMIT sent then came after the
+    // statement had answered: a write another session could not see yet, nor known to last.
+    let bouncer = PgBouncer::start(connect.get_host(), connect.get_port(), 2);
+    let through_pooler = connect.clone().host("127.0.0.1").port(bouncer.port()).statement_cache_capacity(0);
+    let pooled = ratebudget::through_transaction_pooler(PgPoolOptions::new().max_connections(2), &[])
+        .connect_with(through_pooler)
+        .await
+        .unwrap();
+    let statements = ratebudget::Statements::through_transaction_pooler(pooled);
+    let direct = options.connect_with(connect).await.unwrap();
+    sqlx::query("CREATE TABLE written (n integer PRIMARY KEY)").execute(&direct).await.unwrap();
+    for n in 0..200 {
+        sqlx::query("INSERT INTO written (n) VALUES ($1)").bind(n).execute(&statements).await.unwrap();
+        let seen: i64 = sqlx::query_scalar("SELECT count(*) FROM written WHERE n = $1")
+            .bind(n)
+            .fetch_one(&direct)
+            .await
+            .unwrap();
+        assert_eq!(seen, 1, "write {n} answered before it was committed");
+        let read: Option<i32> = sqlx::query_scalar("SELECT n FROM written WHERE n = $1")
+            .bind(n)
+            .fetch_optional(&statements)
+            .await
+            .unwrap();
+        assert_eq!(read, Some(n));
+    }
 }

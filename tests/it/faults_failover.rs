@@ -216,3 +216,80 @@ async fn replicas_follow_a_promoted_standby_without_a_restart_and_never_refuse_f
     a.stop().await;
     b.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_database_name_still_points_at_a_standby_never_refuses_and_follows_when_it_moves() {
+    // A DNS name moved to a promoted standby leaves the connections made before it where they
+    // were; a replica that connects while the name still points at a standby (not yet moved, or
+    // moved back by mistake) must neither decide from its replayed rows nor lead beside the
+    // primary, and must follow the name once it moves, without a restart.
+    let (primary, standby) = primary_and_standby(false).await;
+    let name = Proxy::start(address(&standby)).await;
+    let knobs = [
+        ("PLEXSPHERE_SECRET_READ_NODE_BURST", "2"),
+        ("PLEXSPHERE_SECRET_READ_NODE_PER_SECOND", "0.001"),
+        ("PLEXSPHERE_DATABASE_TIMEOUT_MS", "500"),
+    ];
+    let on_primary =
+        Replica::start(config(&primary.tcp_options("127.0.0.1"), &knobs), Arc::new(SystemClock)).await;
+    let domain = on_primary.create_domain("standby", None).await;
+    on_primary.put_secret(&domain, "key", "value").await;
+    let (node, token) = on_primary.enrol(&domain, "n").await;
+    // The Node's reads are spent on the primary: what the standby replays says "refused".
+    for _ in 0..2 {
+        assert_eq!(on_primary.get("/v1/secrets/key", Some(&token)).await.status, StatusCode::OK);
+    }
+    assert_eq!(on_primary.get("/v1/secrets/key", Some(&token)).await.status, StatusCode::TOO_MANY_REQUESTS);
+    let replayed =
+        PgPoolOptions::new().max_connections(1).connect_with(standby.socket_options()).await.unwrap();
+    eventually(Duration::from_secs(10), "the standby replays the spent bucket", || async {
+        let tokens: Option<f64> = sqlx::query_scalar(
+            "SELECT tokens FROM plexsphere.rate_budgets WHERE scope = 'secret_read_node' AND bucket_key = $1::uuid",
+        )
+        .bind(&node)
+        .fetch_optional(&replayed)
+        .await
+        .unwrap();
+        tokens.is_some_and(|tokens| tokens < 1.0)
+    })
+    .await;
+
+    let through_name = primary.tcp_options("127.0.0.1").port(name.address().port());
+    let stuck = Replica::start(config(&through_name, &knobs), Arc::new(SystemClock)).await;
+    // Reads, writes and readiness fail as the store failing: 500, never the standby's 429.
+    for _ in 0..3 {
+        let read = stuck.get("/v1/secrets/key", Some(&token)).await;
+        assert_eq!(read.status, StatusCode::INTERNAL_SERVER_ERROR, "{read:?}");
+    }
+    let write =
+        stuck.operator(reqwest::Method::POST, "/v1/domains", Some(serde_json::json!({"name": "w"}))).await;
+    assert_eq!(write.status, StatusCode::INTERNAL_SERVER_ERROR, "{write:?}");
+    assert_ne!(stuck.get("/readyz", None).await.status, StatusCode::OK);
+    // Its elector reached the standby (whose advisory locks work) many times over by now.
+    eventually(Duration::from_secs(5), "the replica on the primary leads", || async {
+        on_primary.leadership.is_leader()
+    })
+    .await;
+    assert!(!stuck.leadership.is_leader(), "a replica led from a standby beside the primary's leader");
+
+    // The name moves to the primary; what was connected stays connected.
+    name.repoint(address(&primary));
+    let moved = Instant::now();
+    eventually(Duration::from_secs(10), "the replica writes through the moved name", || async {
+        let name = format!("after-{}", uuid::Uuid::new_v4().simple());
+        let created =
+            stuck.operator(reqwest::Method::POST, "/v1/domains", Some(serde_json::json!({ "name": name })));
+        created.await.status == StatusCode::CREATED
+    })
+    .await;
+    eventually(Duration::from_secs(10), "the replica is ready on the primary", || async {
+        stuck.get("/readyz", None).await.status == StatusCode::OK
+    })
+    .await;
+    // The primary's own answer for the spent Node: refused, with the wait the primary computes.
+    assert_eq!(stuck.get("/v1/secrets/key", Some(&token)).await.status, StatusCode::TOO_MANY_REQUESTS);
+    eprintln!("the replica follows the moved name {:?} after it moved", moved.elapsed());
+    assert!(on_primary.leadership.is_leader() != stuck.leadership.is_leader());
+    stuck.stop().await;
+    on_primary.stop().await;
+}

@@ -1,8 +1,8 @@
 //! The access context's adapters: its tables in PostgreSQL, and its issuance limiter bound to
 //! the shared rate budgets.
 
+use ratebudget::Statements;
 use ratebudget::{Decision, Key, Scope, SingleBudget, Spender};
-use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::{
@@ -105,13 +105,14 @@ FROM plexsphere.domain_tier_revision";
 /// Domains and Nodes in `plexsphere.domains` and `plexsphere.nodes`.
 #[derive(Clone, Debug)]
 pub struct PgAccessRepository {
-    pool: PgPool,
+    pool: Statements,
 }
 
 impl PgAccessRepository {
-    /// A repository on `pool`, which must have the workspace's migrations applied.
-    pub fn new(pool: PgPool) -> PgAccessRepository {
-        PgAccessRepository { pool }
+    /// A repository on `pool`, which must have the workspace's migrations applied: a `PgPool` connected
+    /// directly, or [`Statements`] for one behind a transaction pooler.
+    pub fn new(pool: impl Into<Statements>) -> PgAccessRepository {
+        PgAccessRepository { pool: pool.into() }
     }
 }
 

@@ -227,10 +227,7 @@ impl Elector {
         match state {
             State::Disconnected { compete_after } => {
                 match self.bounded(PgConnection::connect_with(&self.database)).await {
-                    Ok(session) => {
-                        *outage_logged = false;
-                        (State::Following { session, compete_after }, Next::Now)
-                    }
+                    Ok(session) => (State::Following { session, compete_after }, Next::Now),
                     Err(error) => {
                         // One line per outage, not one per retry.
                         if !*outage_logged {
@@ -245,16 +242,36 @@ impl Elector {
                 (State::Following { session, compete_after }, retry)
             }
             State::Following { mut session, compete_after } => {
-                let attempt = sqlx::query_scalar::<_, bool>("SELECT pg_try_advisory_lock($1)")
-                    .bind(LEADER_LOCK_KEY)
-                    .fetch_one(&mut session);
-                match self.bounded(attempt).await {
-                    Ok(true) => {
+                // Advisory locks work on a hot standby too, so a replica whose session URL
+                // still names a standby (a failover's DNS name not yet moved) would lead beside
+                // the one on the primary: a standby's session competes for nothing.
+                let attempt = sqlx::query_scalar::<_, Option<bool>>(
+                    "SELECT CASE WHEN pg_catalog.pg_is_in_recovery() THEN NULL ELSE pg_try_advisory_lock($1) END",
+                )
+                .bind(LEADER_LOCK_KEY)
+                .fetch_one(&mut session);
+                let attempt = self.bounded(attempt).await;
+                if let Ok(Some(_)) = attempt {
+                    // A primary answered: the next outage, or standby, is news again.
+                    *outage_logged = false;
+                }
+                match attempt {
+                    Ok(Some(true)) => {
                         tracing::info!("became leader");
                         self.announce(true);
                         (State::Leading { session }, Next::Now)
                     }
-                    Ok(false) => (State::Following { session, compete_after }, retry),
+                    Ok(Some(false)) => (State::Following { session, compete_after }, retry),
+                    Ok(None) => {
+                        if !*outage_logged {
+                            tracing::warn!(
+                                "leader elector reached a standby, not the primary; connecting again"
+                            );
+                            *outage_logged = true;
+                        }
+                        // Another connection, to wherever the name points by then.
+                        (State::Disconnected { compete_after }, retry)
+                    }
                     Err(error) => {
                         tracing::warn!(%error, "leader election failed; reconnecting");
                         (State::Disconnected { compete_after }, retry)

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use ratebudget::{Clock, Decider, Guard, Spender, Store};
+use ratebudget::{Clock, Decider, Guard, Spender, Statements, Store};
 use rules::{PgRulesRepository, RulesService};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
@@ -155,6 +155,9 @@ impl Application {
             // The sweep bounds each batch itself; this stops the server's side too.
             &[("statement_timeout", "10000")],
         );
+        // The repositories' statements answer once committed, behind a pooler too.
+        let (api_statements, background_statements) =
+            (statements(&config, &api_pool), statements(&config, &background_pool));
         let time = match &wiring.time {
             TimeSource::Given(clock) => Time {
                 clock: clock.clone(),
@@ -200,9 +203,9 @@ impl Application {
         let decide =
             DecideService::new(rule_budgets.clone(), spender.clone(), time.clock.clone(), metrics.clone());
         let sources = Sources {
-            rules: RulesService::new(Arc::new(PgRulesRepository::new(background_pool.clone()))),
+            rules: RulesService::new(Arc::new(PgRulesRepository::new(background_statements.clone()))),
             access: access::AccessService::new(
-                Arc::new(access::PgAccessRepository::new(background_pool.clone())),
+                Arc::new(access::PgAccessRepository::new(background_statements.clone())),
                 issuance.clone(),
             ),
         };
@@ -224,17 +227,17 @@ impl Application {
         metrics.watch_limits(move || reading.upgrade().map(|budgets| budgets.reading()).unwrap_or_default());
         let state = AppState::new(Handles {
             access: access::AccessService::new(
-                Arc::new(access::PgAccessRepository::new(api_pool.clone())),
+                Arc::new(access::PgAccessRepository::new(api_statements.clone())),
                 issuance,
             ),
-            secrets: bind_secrets(&config, &api_pool, &spender, &secret_cache),
-            ingest: bind_ingest(&api_pool, &spender),
+            secrets: bind_secrets(&config, &api_statements, &spender, &secret_cache),
+            ingest: bind_ingest(&api_statements, &spender),
             budgets: store.clone(),
             guard: guard.clone(),
             operator_tokens: OperatorTokens::new(&config.operators),
             decide_tokens: OperatorTokens::new(&config.decide_callers),
             decide: decide.clone(),
-            audit: Arc::new(audit::PgAuditLog::new(api_pool.clone())),
+            audit: Arc::new(audit::PgAuditLog::new(api_statements.clone())),
             credentials: credentials.clone(),
             readiness: http::probes::Readiness::new(api_pool.clone(), config.database_timeout),
             throttle: http::throttle::AuthThrottle::new(
@@ -251,7 +254,7 @@ impl Application {
             request_timeout: config.http.request_timeout,
             clock: time.status.clone(),
             decision_clock: time.clock.clone(),
-            rules: RulesService::new(Arc::new(PgRulesRepository::new(api_pool.clone()))),
+            rules: RulesService::new(Arc::new(PgRulesRepository::new(api_statements.clone()))),
             rule_budgets: rule_budgets.clone(),
             fill,
             leader: leader::LeaderLookup::new(api_pool.clone()),
@@ -505,6 +508,7 @@ fn pool_of(
             .log_statements(tracing::log::LevelFilter::Trace),
         settings,
     );
+    use sqlx::Executor as _;
     let pool = PgPoolOptions::new()
         .max_connections(size)
         .acquire_timeout(acquire_timeout)
@@ -512,27 +516,27 @@ fn pool_of(
         // before each use would add a round trip to every request to catch that earlier.
         .test_before_acquire(false);
     match config.pooler {
-        Pooler::None => pool.connect_lazy_with(options),
+        // No connection is kept to a server that cannot take a write: a DNS name moved to a
+        // promoted standby leaves connections made before it where they were (ADR 0033).
+        Pooler::None => pool
+            .after_connect(|connection, _| {
+                Box::pin(
+                    async move { connection.execute(ratebudget::REFUSE_READ_ONLY_SERVER).await.map(|_| ()) },
+                )
+            })
+            .connect_lazy_with(options),
         Pooler::Transaction => {
-            use sqlx::Executor as _;
-            let begin: Arc<str> = ratebudget::transaction_begin(settings).into();
-            let on_acquire = begin.clone();
-            pool.after_connect(move |connection, _| {
-                let begin = begin.clone();
-                Box::pin(async move { connection.execute(&*begin).await.map(|_| ()) })
-            })
-            .before_acquire(move |connection, _| {
-                let begin = on_acquire.clone();
-                Box::pin(async move { connection.execute(&*begin).await.map(|_| true) })
-            })
-            // COMMIT first: in a transaction a failed statement aborted, it rolls back (and
-            // succeeds), so DEALLOCATE ALL always runs; a connection where either fails is
-            // closed rather than reused.
-            .after_release(|connection, _| {
-                Box::pin(async move { Ok(connection.execute("COMMIT; DEALLOCATE ALL").await.is_ok()) })
-            })
-            .connect_lazy_with(options)
+            ratebudget::through_transaction_pooler(pool, settings).connect_lazy_with(options)
         }
+    }
+}
+
+/// `pool` for the repositories: behind a transaction pooler, each statement's transaction
+/// (which `pool_of`'s hooks open) is committed before it answers ([`Statements`]).
+fn statements(config: &Config, pool: &PgPool) -> Statements {
+    match config.pooler {
+        Pooler::None => Statements::new(pool.clone()),
+        Pooler::Transaction => Statements::through_transaction_pooler(pool.clone()),
     }
 }
 
@@ -550,17 +554,22 @@ fn through_pooler(config: &Config, options: PgConnectOptions, settings: &[(&str,
 
 fn bind_secrets(
     config: &Config,
-    pool: &PgPool,
+    statements: &Statements,
     spender: &Spender,
     cache: &secrets::SecretCache,
 ) -> secrets::SecretsService {
     let limiter = secrets::RateBudgetReadLimiter::new(spender.clone());
-    let repository =
-        secrets::CachedSecretRepository::new(secrets::PgSecretRepository::new(pool.clone()), cache.clone());
+    let repository = secrets::CachedSecretRepository::new(
+        secrets::PgSecretRepository::new(statements.clone()),
+        cache.clone(),
+    );
     secrets::SecretsService::new(Arc::new(repository), Arc::new(limiter), Arc::new(config.keyring.clone()))
 }
 
-fn bind_ingest(pool: &PgPool, spender: &Spender) -> ingest::IngestService {
+fn bind_ingest(statements: &Statements, spender: &Spender) -> ingest::IngestService {
     let limiter = ingest::RateBudgetQuotaLimiter::new(spender.clone());
-    ingest::IngestService::new(Arc::new(ingest::PgBatchRepository::new(pool.clone())), Arc::new(limiter))
+    ingest::IngestService::new(
+        Arc::new(ingest::PgBatchRepository::new(statements.clone())),
+        Arc::new(limiter),
+    )
 }

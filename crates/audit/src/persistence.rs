@@ -1,7 +1,7 @@
 //! The audit log on `plexsphere.audit_events`. The only module of the context that names SQL.
 
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
+use ratebudget::Statements;
 use uuid::Uuid;
 
 use crate::{Action, Actor, AuditLog, AuditLogError, Entry, NewEntry, Page, Subject};
@@ -33,13 +33,14 @@ type Row = (
 /// record).
 #[derive(Clone, Debug)]
 pub struct PgAuditLog {
-    pool: PgPool,
+    pool: Statements,
 }
 
 impl PgAuditLog {
-    /// A log on `pool`, which must have the workspace's migrations applied.
-    pub fn new(pool: PgPool) -> PgAuditLog {
-        PgAuditLog { pool }
+    /// A log on `pool`, which must have the workspace's migrations applied: a `PgPool` connected
+    /// directly, or [`Statements`] for one behind a transaction pooler.
+    pub fn new(pool: impl Into<Statements>) -> PgAuditLog {
+        PgAuditLog { pool: pool.into() }
     }
 }
 

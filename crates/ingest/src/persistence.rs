@@ -3,21 +3,22 @@
 //!
 //! This is the only module of the context that names `sqlx` or `ratebudget`.
 
+use ratebudget::Statements;
 use ratebudget::{Decision, Key, PairBudget, Scope, Spender, Which};
-use sqlx::PgPool;
 
 use crate::{BatchId, BatchRepository, Limiter, Quota, QuotaError, RepositoryError, Sender};
 
 /// Batches in `plexsphere.ingest_batches`.
 #[derive(Clone, Debug)]
 pub struct PgBatchRepository {
-    pool: PgPool,
+    pool: Statements,
 }
 
 impl PgBatchRepository {
-    /// A repository on `pool`, which must have the workspace's migrations applied.
-    pub fn new(pool: PgPool) -> PgBatchRepository {
-        PgBatchRepository { pool }
+    /// A repository on `pool`, which must have the workspace's migrations applied: a `PgPool` connected
+    /// directly, or [`Statements`] for one behind a transaction pooler.
+    pub fn new(pool: impl Into<Statements>) -> PgBatchRepository {
+        PgBatchRepository { pool: pool.into() }
     }
 }
 

@@ -100,7 +100,10 @@ impl TakeConnections {
             }
             // Dead: dropping it closes the socket; try the next one.
         }
-        let connection = PgConnection::connect_with(&self.pool.connect_options()).await?;
+        let mut connection = PgConnection::connect_with(&self.pool.connect_options()).await?;
+        // Dropped (closed) on failure, so the next take connects again: after a failover,
+        // to wherever the name points by then.
+        sqlx::Executor::execute(&mut connection, REFUSE_READ_ONLY_SERVER).await?;
         Ok(Lease {
             set: self.clone(),
             connection: Some(connection),
@@ -159,7 +162,9 @@ impl Lease {
     /// connection for reuse.
     pub(crate) async fn finish(mut self) -> Result<(), sqlx::Error> {
         if self.set.pooled.is_some() {
-            sqlx::Executor::execute(self.connection(), "COMMIT; DEALLOCATE ALL").await?;
+            // The next transaction on whichever server connection this one used deallocates
+            // what it prepared (transaction_begin).
+            sqlx::Executor::execute(self.connection(), "COMMIT").await?;
         }
         self.release();
         Ok(())
@@ -174,4 +179,44 @@ impl Lease {
             }
         }
     }
+}
+
+/// What every new connection to the store runs first, as one simple query: a server that
+/// cannot take a write (a hot standby, one in recovery, one set read-only) fails it with the
+/// error a write there gets, SQLSTATE 25006 `read_only_sql_transaction`, so no connection is
+/// kept to it. A take's grant would fail there anyway, but a refusal the snapshot foresees
+/// writes nothing and would be answered from a standby's replayed rows; and a connection made
+/// while a failover's DNS name still named the old server would stay there after it moved.
+/// Run it in a pool's `after_connect` too, for the repositories beside the store. One round
+/// trip per connection, none per take.
+pub const REFUSE_READ_ONLY_SERVER: &str = "\
+DO $refuse$ BEGIN
+    IF pg_catalog.pg_is_in_recovery() OR pg_catalog.current_setting('transaction_read_only') = 'on' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'read_only_sql_transaction',
+            MESSAGE = 'the database is read-only (a standby, or in recovery): not the primary to decide on';
+    END IF;
+END $refuse$";
+
+/// `BEGIN`, a `SET LOCAL` for each of `settings`, and `DEALLOCATE ALL`, as one simple query:
+/// what opens a transaction behind a transaction pooler ([`crate::Store::through_transaction_pooler`],
+/// [`crate::through_transaction_pooler`]). Values are quoted as SQL literals.
+///
+/// sqlx names the statements it prepares and, with its cache off, never closes them, so each
+/// server connection keeps whatever its last clients prepared; another client's next statement
+/// of the same name would fail ("already exists"). Deallocating inside the transaction, on the
+/// server connection it is pinned to, clears them before this transaction prepares its own
+/// (deallocating after the COMMIT would reach whichever server connection the pooler picks).
+pub fn transaction_begin(settings: &[(&str, &str)]) -> String {
+    let mut begin = String::from("BEGIN");
+    for (name, value) in settings {
+        // A setting's name is an identifier of letters, digits and underscores; anything else
+        // is dropped rather than spliced into SQL.
+        if !name.bytes().all(|byte| byte.is_ascii_alphanumeric() || byte == b'_') {
+            continue;
+        }
+        begin.push_str(&format!("; SET LOCAL {name} = '{}'", value.replace('\'', "''")));
+    }
+    begin.push_str("; DEALLOCATE ALL");
+    begin
 }

@@ -52,10 +52,12 @@ mod name;
 mod named;
 mod policy;
 mod spender;
+mod statements;
 mod store;
 
 pub use batch::Coalescing;
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use connections::{transaction_begin, REFUSE_READ_ONLY_SERVER};
 pub use decision::{Decider, Decision, Grant, InsufficientCapacity, Refusal, Take, Which};
 pub use discipline::{ClockStatus, DatabaseClock, UntrustedClock};
 pub use error::{cause_chain, Error, Undecided};
@@ -66,7 +68,8 @@ pub use name::{InvalidName, Name};
 pub use named::{LimiterName, NamedKey, NamedSpend};
 pub use policy::{Algorithm, BoxError, Budgets, Enforcement, FailMode, FixedBudgets, Mode, Policy, RuleRef};
 pub use spender::{PairBudget, SingleBudget, Spender, Spent};
-pub use store::{transaction_begin, Bucket, IdleSweep, Store, RESET_CHANNEL};
+pub use statements::{through_transaction_pooler, Statements};
+pub use store::{Bucket, IdleSweep, Store, RESET_CHANNEL};
 
 /// The crate's own migrations: schema `plexsphere`, its tables `rate_budgets` and
 /// `named_limits`, and the functions that decide. Apply them before a [`Store`] is used:

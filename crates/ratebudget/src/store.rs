@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Row};
 
 use crate::batch::{self, Coalescer, Coalescing, Statement};
-use crate::connections::TakeConnections;
+use crate::connections::{transaction_begin, TakeConnections};
 use crate::error::Failure;
 use crate::named::Gcra;
 use crate::{
@@ -532,20 +532,4 @@ impl IdleSweep<'_> {
     pub fn deleted(&self) -> u64 {
         self.deleted
     }
-}
-
-/// `BEGIN` and a `SET LOCAL` for each of `settings`, as one simple query: what opens a
-/// transaction behind a transaction pooler ([`Store::through_transaction_pooler`]). Values
-/// are quoted as SQL literals.
-pub fn transaction_begin(settings: &[(&str, &str)]) -> String {
-    let mut begin = String::from("BEGIN");
-    for (name, value) in settings {
-        // A setting's name is an identifier of letters, digits and underscores; anything else
-        // is dropped rather than spliced into SQL.
-        if !name.bytes().all(|byte| byte.is_ascii_alphanumeric() || byte == b'_') {
-            continue;
-        }
-        begin.push_str(&format!("; SET LOCAL {name} = '{}'", value.replace('\'', "''")));
-    }
-    begin
 }

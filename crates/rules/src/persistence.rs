@@ -7,8 +7,9 @@
 
 use chrono::{DateTime, Utc};
 use ratebudget::Scope;
+use ratebudget::Statements;
 use sqlx::postgres::PgRow;
-use sqlx::{PgPool, Row};
+use sqlx::Row;
 
 use crate::ports::{Created, Replaced, RolledBack};
 use crate::{
@@ -45,13 +46,14 @@ const CREATE_ATTEMPTS: usize = 3;
 /// `plexsphere.rule_usage`.
 #[derive(Clone, Debug)]
 pub struct PgRulesRepository {
-    pool: PgPool,
+    pool: Statements,
 }
 
 impl PgRulesRepository {
-    /// A repository on `pool`, which must have the workspace's migrations applied.
-    pub fn new(pool: PgPool) -> PgRulesRepository {
-        PgRulesRepository { pool }
+    /// A repository on `pool`, which must have the workspace's migrations applied: a `PgPool` connected
+    /// directly, or [`Statements`] for one behind a transaction pooler.
+    pub fn new(pool: impl Into<Statements>) -> PgRulesRepository {
+        PgRulesRepository { pool: pool.into() }
     }
 
     async fn current_version(&self, id: &RuleId) -> Result<Option<Version>, RepositoryError> {

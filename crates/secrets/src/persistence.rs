@@ -3,8 +3,8 @@
 //!
 //! This is the only module of the context that names `sqlx` or `ratebudget`.
 
+use ratebudget::Statements;
 use ratebudget::{Decision, Key, PairBudget, Refusal, Scope, Spender, Which};
-use sqlx::PgPool;
 
 use uuid::Uuid;
 
@@ -67,13 +67,14 @@ type ValueColumns = (Option<String>, Option<String>, Option<Vec<u8>>, Option<Vec
 /// The secret store on `plexsphere.secrets`.
 #[derive(Clone, Debug)]
 pub struct PgSecretRepository {
-    pool: PgPool,
+    pool: Statements,
 }
 
 impl PgSecretRepository {
-    /// A store on `pool`, which must have the workspace's migrations applied.
-    pub fn new(pool: PgPool) -> PgSecretRepository {
-        PgSecretRepository { pool }
+    /// A store on `pool`, which must have the workspace's migrations applied: a `PgPool` connected
+    /// directly, or [`Statements`] for one behind a transaction pooler.
+    pub fn new(pool: impl Into<Statements>) -> PgSecretRepository {
+        PgSecretRepository { pool: pool.into() }
     }
 }
 

@@ -109,6 +109,12 @@ impl Proxy {
         });
     }
 
+    /// Sends new connections to `upstream` from now on and leaves every open one where it is,
+    /// as a DNS name moved to a promoted standby does: what was connected stays connected.
+    pub(crate) fn repoint(&self, upstream: SocketAddr) {
+        self.setting.send_modify(|setting| setting.upstream = upstream);
+    }
+
     /// Changes the mode; every connection opened under the previous setting is closed (a
     /// stalled one as soon as the stall ends).
     pub(crate) fn set(&self, mode: Mode) {
