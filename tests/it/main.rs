@@ -27,6 +27,7 @@ mod faults_leader;
 mod grafana_dashboard;
 mod guard;
 mod ingest_adapters;
+mod leases;
 mod migrations;
 mod named_limits;
 mod otlp_export;

@@ -214,7 +214,7 @@ impl Observer for DecisionObserver {
                 let outcome = match source {
                     Source::Fallback => Outcome::fallback_granted,
                     Source::Open => Outcome::open_granted,
-                    Source::Store | Source::Precheck => Outcome::granted,
+                    Source::Store | Source::Precheck | Source::Lease => Outcome::granted,
                 };
                 for (_, scope, enforcement) in &spent {
                     self.count(*scope, *enforcement, now, outcome);
@@ -231,7 +231,7 @@ impl Observer for DecisionObserver {
                     _ if enforcement.is_shadow() => Outcome::shadow_refused,
                     Source::Precheck => Outcome::precheck_refused,
                     Source::Fallback => Outcome::fallback_refused,
-                    Source::Store | Source::Open => Outcome::refused,
+                    Source::Store | Source::Open | Source::Lease => Outcome::refused,
                 };
                 self.count(*scope, *enforcement, now, outcome);
                 if enforcement.is_shadow() {

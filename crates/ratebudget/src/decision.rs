@@ -147,4 +147,46 @@ pub trait Decider: Send + Sync + std::fmt::Debug {
     /// different limits, `Database` when the store could not answer; and, from a
     /// [`Guard`](crate::Guard), [`Undecided::TimedOut`] or [`Undecided::StoreFailing`].
     async fn decide(&self, take: Take, now: DateTime<Utc>) -> Result<Decision, Undecided>;
+
+    /// Leases tokens of one bucket ([`LeaseRequest`]) at `now`, for a [`Guard`](crate::Guard)
+    /// to grant from memory: `Ok(None)` from a decider that cannot lease (the default), whose
+    /// guard then takes every take from it directly.
+    ///
+    /// # Errors
+    /// As [`Decider::decide`].
+    async fn lease(&self, request: LeaseRequest, now: DateTime<Utc>) -> Result<Option<Leased>, Undecided> {
+        let _ = (request, now);
+        Ok(None)
+    }
+}
+
+/// A lease of one token bucket: after giving back `refund` tokens of the lease numbered
+/// `refund_serial` (credited only if no lease of the bucket was made since), take at least
+/// `at_least` and at most `at_most` tokens, as many as the bucket holds. `spend` names the
+/// bucket and its limit; its cost is not used.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LeaseRequest {
+    /// The bucket and its limit.
+    pub spend: Spend,
+    /// The least worth taking: the take that asked for the lease.
+    pub at_least: f64,
+    /// The most to take.
+    pub at_most: f64,
+    /// Tokens of an earlier lease not granted, to give back first.
+    pub refund: f64,
+    /// The number of the lease they came from.
+    pub refund_serial: i64,
+}
+
+/// What a lease took.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Leased {
+    /// Tokens taken: 0, or between the request's `at_least` and `at_most`.
+    pub leased: f64,
+    /// Of the refund, what was credited (the rest was forfeited).
+    pub refunded: f64,
+    /// The lease's number, to give its tokens back under.
+    pub serial: i64,
+    /// The row as the lease left it (or as judged, when it took nothing).
+    pub row: Fill,
 }

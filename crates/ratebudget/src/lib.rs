@@ -58,7 +58,9 @@ mod store;
 pub use batch::Coalescing;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use connections::{transaction_begin, REFUSE_READ_ONLY_SERVER};
-pub use decision::{Decider, Decision, Grant, InsufficientCapacity, Refusal, Take, Which};
+pub use decision::{
+    Decider, Decision, Grant, InsufficientCapacity, LeaseRequest, Leased, Refusal, Take, Which,
+};
 pub use discipline::{ClockStatus, DatabaseClock, UntrustedClock};
 pub use error::{cause_chain, Error, Undecided};
 pub use guard::{follow_resets, Guard, GuardBuilder, Observer, Source, Unobserved};

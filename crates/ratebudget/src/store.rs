@@ -10,8 +10,8 @@ use crate::connections::{transaction_begin, TakeConnections};
 use crate::error::Failure;
 use crate::named::Gcra;
 use crate::{
-    named, Budget, Decider, Decision, Error, Grant, InsufficientCapacity, Key, Limit, LimiterName, Name,
-    NamedKey, NamedSpend, Refusal, Scope, Spend, Take, Undecided, Which,
+    named, Budget, Decider, Decision, Error, Fill, Grant, InsufficientCapacity, Key, LeaseRequest, Leased,
+    Limit, LimiterName, Name, NamedKey, NamedSpend, Refusal, Scope, Spend, Take, Undecided, Which,
 };
 
 const DELETE_IDLE: &str = include_str!("../queries/delete_idle.sql");
@@ -20,6 +20,7 @@ const RESET: &str = include_str!("../queries/reset.sql");
 const DECIDE_NAMED: &str = include_str!("../queries/decide_named.sql");
 const RESET_NAMED: &str = include_str!("../queries/reset_named.sql");
 const DELETE_EXPIRED: &str = include_str!("../queries/delete_expired.sql");
+const LEASE: &str = include_str!("../queries/lease.sql");
 
 /// The channel [`Store::reset`] and [`Store::reset_named`] notify on; every process's
 /// [`Guard`](crate::Guard) must hear of each ([`follow_resets`](crate::follow_resets), or
@@ -455,6 +456,50 @@ impl Store {
 impl Decider for Store {
     async fn decide(&self, take: Take, now: DateTime<Utc>) -> Result<Decision, Undecided> {
         Ok(self.decide_take(take, now).await?)
+    }
+
+    /// One statement of its own, never coalesced: a replica leases a bucket at most once per
+    /// lease period.
+    async fn lease(&self, request: LeaseRequest, now: DateTime<Utc>) -> Result<Option<Leased>, Undecided> {
+        Ok(Some(self.lease_bucket(request, now).await?))
+    }
+}
+
+impl Store {
+    async fn lease_bucket(&self, request: LeaseRequest, now: DateTime<Utc>) -> Result<Leased, Failure> {
+        let LeaseRequest { spend, at_least, at_most, refund, refund_serial } = request;
+        spend.validate()?;
+        let burst = spend.limit.burst();
+        let amounts_valid =
+            [at_least, at_most, refund].iter().all(|amount| amount.is_finite() && *amount >= 0.0)
+                && at_least <= at_most
+                && at_most <= burst
+                && refund <= burst
+                && refund_serial >= 0;
+        if !amounts_valid {
+            return Err(Error::NegativeCost.into());
+        }
+        let takes = self.takes.clone();
+        let row: (f64, f64, i64, f64, DateTime<Utc>) = detached(async move {
+            let mut lease = takes.lease().await?;
+            let row = sqlx::query_as(LEASE)
+                .bind(spend.name.as_str())
+                .bind(spend.key.as_uuid())
+                .bind(at_least)
+                .bind(at_most)
+                .bind(refund)
+                .bind(refund_serial)
+                .bind(spend.limit.per_second())
+                .bind(burst)
+                .bind(now)
+                .fetch_one(lease.connection())
+                .await?;
+            lease.finish().await?;
+            Ok(row)
+        })
+        .await?;
+        let (leased, refunded, serial, tokens, refilled_at) = row;
+        Ok(Leased { leased, refunded, serial, row: Fill { tokens, refilled_at } })
     }
 }
 

@@ -41,6 +41,15 @@ impl Guard {
         now: DateTime<Utc>,
         may_skip: bool,
     ) -> Option<Result<Decision, Undecided>> {
+        self.ask_store_with(may_skip, self.inner.decide(take, now)).await
+    }
+
+    /// [`Guard::ask_store`] for any call of the store: a take, or a lease.
+    pub(super) async fn ask_store_with<T>(
+        &self,
+        may_skip: bool,
+        call: impl std::future::Future<Output = Result<T, Undecided>>,
+    ) -> Option<Result<T, Undecided>> {
         let probe = match self.ask(may_skip) {
             Ask::No => return None,
             Ask::Yes { probe } => probe,
@@ -48,7 +57,7 @@ impl Guard {
         // Dropped before the answer (the caller stopped waiting), a probe frees the circuit
         // for the next take to probe; see the module documentation on cancellation.
         let mut asking = Asking { guard: self, probe, answered: false };
-        let answer = tokio::time::timeout(self.config.decision_timeout, self.inner.decide(take, now)).await;
+        let answer = tokio::time::timeout(self.config.decision_timeout, call).await;
         asking.answered = true;
         let answer = answer.unwrap_or(Err(Undecided::TimedOut(self.config.decision_timeout)));
         match &answer {

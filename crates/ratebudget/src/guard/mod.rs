@@ -84,6 +84,7 @@
 
 mod circuit;
 mod fallback;
+mod leases;
 mod precheck;
 mod resets;
 
@@ -117,6 +118,8 @@ struct GuardConfig {
     capacity: u64,
     /// The clock takes are decided at, when it must be trusted for any take to be decided.
     clock: Option<crate::ClockStatus>,
+    /// How long a lease of a hot bucket lasts; `None`: no bucket is leased.
+    lease_period: Option<Duration>,
 }
 
 /// Builds a [`Guard`]: [`Guard::builder`], then what differs from the defaults.
@@ -135,6 +138,7 @@ impl GuardBuilder {
                 decision_timeout: GuardBuilder::DEFAULT_DECISION_TIMEOUT,
                 capacity: GuardBuilder::DEFAULT_CAPACITY,
                 clock: None,
+                lease_period: None,
             },
             observer: Arc::new(Unobserved),
         }
@@ -170,6 +174,16 @@ impl GuardBuilder {
         self
     }
 
+    /// Leases hot buckets for `period` each (docs/adr/0034): a replica that takes often from
+    /// one token bucket takes many of its tokens in one statement and grants them from memory,
+    /// never more than the budget; what it did not grant goes back with its next lease, or
+    /// when [`Guard::return_leases`] runs after the period. Off unless told. Only single
+    /// takes of a token bucket are leased; pairs and named limiters take directly.
+    pub fn leases(mut self, period: Duration) -> GuardBuilder {
+        self.config.lease_period = Some(period).filter(|period| !period.is_zero());
+        self
+    }
+
     /// Told about every decision ([`Unobserved`] unless told): for metrics and headers.
     pub fn observer(mut self, observer: Arc<dyn Observer>) -> GuardBuilder {
         self.observer = observer;
@@ -199,6 +213,8 @@ pub enum Source {
     Store,
     /// This replica's pre-check, without a statement.
     Precheck,
+    /// This replica's lease of the bucket, without a statement (docs/adr/0034).
+    Lease,
     /// This replica's in-memory fallback, because the store could not answer and the take
     /// fails [`FailMode::Static`].
     Fallback,
@@ -228,6 +244,11 @@ pub trait Observer: Send + Sync + fmt::Debug {
     /// The store started (`true`) or stopped (`false`) being treated as failing; scopes that
     /// fail `STATIC` now decide from their fallback (or from the store again).
     fn store_failing(&self, failing: bool);
+
+    /// A lease of a bucket of `name` answered: what it took and what of its refund went back.
+    fn leased(&self, name: Name, leased: &crate::Leased) {
+        let _ = (name, leased);
+    }
 }
 
 /// An [`Observer`] that ignores everything.
@@ -360,7 +381,13 @@ impl Guard {
             return Ok((Decision::Refused(refusal), Source::Precheck));
         }
         let fail_mode = guarded.fail_mode();
-        let undecided = match self.ask_store(take, now, fail_mode != FailMode::Closed).await {
+        let may_skip = fail_mode != FailMode::Closed;
+        let answer = match self.by_lease(&guarded, now, may_skip).await {
+            ByLease::Decided(decided) => return decided,
+            ByLease::Answered(answer) => answer,
+            ByLease::Direct => self.ask_store(take, now, may_skip).await,
+        };
+        let undecided = match answer {
             Some(Ok(decision)) => {
                 guarded.learn(&decision);
                 return Ok((decision, Source::Store));
@@ -383,6 +410,109 @@ impl Guard {
                 }
             }
         }
+    }
+
+    /// A single take of a token bucket, when leases are on: granted from this replica's lease
+    /// of the bucket, or decided by asking the store for one (which, granted, leaves the rest
+    /// of the lease here), or left to take directly.
+    async fn by_lease(&self, guarded: &Guarded, now: DateTime<Utc>, may_skip: bool) -> ByLease {
+        let Some(period) = self.config.lease_period else { return ByLease::Direct };
+        let Guarded::Buckets(entries) = guarded else { return ByLease::Direct };
+        let [(which, spend, entry)] = entries.as_slice() else { return ByLease::Direct };
+        let instant = Instant::now();
+        let request = match lock(entry).lease.plan(spend, now, instant, period) {
+            leases::Plan::Direct => return ByLease::Direct,
+            leases::Plan::Granted(row) => {
+                let grant = Grant { first: Some(row), second: None, named: None };
+                return ByLease::Decided(Ok((Decision::Granted(grant), Source::Lease)));
+            }
+            leases::Plan::Request(request) => request,
+        };
+        // Dropped before the answer (its caller went away), the request leaves the entry
+        // asking no longer, and whatever it leased is forfeited.
+        let mut asking = AskingForLease { entry, answered: false };
+        let answer = self.ask_store_with(may_skip, self.inner.lease(request, now)).await;
+        asking.answered = true;
+        match answer {
+            Some(Ok(Some(leased))) => {
+                self.observer.leased(spend.name, &leased);
+                let mut known = lock(entry);
+                known.lease.leased(spend, &leased, instant + period);
+                known.fill = Some(leased.row);
+                let decision = if leased.leased >= spend.cost {
+                    Decision::Granted(Grant { first: Some(leased.row), second: None, named: None })
+                } else {
+                    Decision::Refused(Refusal {
+                        which: *which,
+                        retry_after: spend.limit.time_to_cover(leased.row, spend.cost, now),
+                        judged: Some(leased.row),
+                        tat: None,
+                    })
+                };
+                ByLease::Decided(Ok((decision, Source::Store)))
+            }
+            // A decider that cannot lease: take directly, now and from now on.
+            Some(Ok(None)) => {
+                lock(entry).lease.unanswered();
+                ByLease::Direct
+            }
+            Some(Err(undecided)) => {
+                lock(entry).lease.unanswered();
+                ByLease::Answered(Some(Err(undecided)))
+            }
+            None => {
+                lock(entry).lease.unanswered();
+                ByLease::Answered(None)
+            }
+        }
+    }
+
+    /// Gives back what expired leases did not grant, one statement per bucket: run it every
+    /// lease period (the binary does). A bucket still hot gives back with its next lease
+    /// instead. Returns the tokens credited; a refund that fails is forfeited.
+    pub async fn return_leases(&self, now: DateTime<Utc>) -> f64 {
+        let instant = Instant::now();
+        let mut returned = 0.0;
+        let due: Vec<_> = self
+            .known
+            .iter()
+            .filter_map(|(id, entry)| match id {
+                BucketId::Budget(name, key) => {
+                    let request = lock(&entry).lease.take_back(name, key, instant, now)?;
+                    Some((request, entry))
+                }
+                BucketId::Named(..) => None,
+            })
+            .collect();
+        for (request, entry) in due {
+            let answer =
+                tokio::time::timeout(self.config.decision_timeout, self.inner.lease(request, now)).await;
+            let mut known = lock(&entry);
+            match answer {
+                Ok(Ok(Some(leased))) => {
+                    self.observer.leased(request.spend.name, &leased);
+                    returned += leased.refunded;
+                    known.lease.leased(&request.spend, &leased, instant);
+                    known.fill = Some(leased.row);
+                }
+                _ => known.lease.unanswered(),
+            }
+        }
+        returned
+    }
+
+    /// The buckets this replica holds leased tokens of: (budget, key, tokens not granted).
+    pub fn leased_buckets(&self) -> Vec<(Name, Key, f64)> {
+        self.known
+            .iter()
+            .filter_map(|(id, entry)| match id {
+                BucketId::Budget(name, key) => {
+                    let held = lock(&entry).lease.held();
+                    (held > 0.0).then_some((name, key, held))
+                }
+                BucketId::Named(..) => None,
+            })
+            .collect()
     }
 
     /// The fallback cannot remember another bucket: the take is not decided, as if it failed
@@ -429,6 +559,28 @@ impl Decider for Guard {
             Err(undecided) => self.observer.decided(&take, now, Err(undecided), elapsed),
         }
         outcome.map(|(decision, _)| decision)
+    }
+}
+
+/// What a take's lease did: decided it, asked the store and got no decision (the answer
+/// the direct path would have had, for the fail mode), or nothing.
+enum ByLease {
+    Decided(Result<(Decision, Source), Undecided>),
+    Answered(Option<Result<Decision, Undecided>>),
+    Direct,
+}
+
+/// Marks a lease request as over if its caller goes away before the answer.
+struct AskingForLease<'a> {
+    entry: &'a Arc<Mutex<Known>>,
+    answered: bool,
+}
+
+impl Drop for AskingForLease<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            lock(self.entry).lease.unanswered();
+        }
     }
 }
 

@@ -37,6 +37,9 @@ pub(super) struct Known {
     pub(super) fill: Option<Fill>,
     /// For a named limiter: the key's TAT (µs) as the store last described it.
     pub(super) tat: Option<i64>,
+    /// For a token bucket: this replica's lease of it, and its demand here. Forgotten with
+    /// the entry (a reset, a rule that changed, eviction), which only forfeits its tokens.
+    pub(super) lease: super::leases::Lease,
 }
 
 /// A take's spends with their pre-check entries: at most two, kept inline since this runs for

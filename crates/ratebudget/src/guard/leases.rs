@@ -1,0 +1,197 @@
+//! Leases for hot buckets (docs/adr/0034): a replica that takes often from one bucket leases
+//! many of its tokens in one statement and grants them from memory, never more than the
+//! budget.
+//!
+//! # Why a leased grant never exceeds the budget
+//!
+//! Think of the bucket one-at-a-time decisions would keep (`V`, debited when a grant is
+//! made), the shared row (`S`), and the tokens replicas hold leased and not granted (`H`, the
+//! sum over replicas). Every grant, direct or leased, is one `V` admits if `S + H <= V` holds
+//! at every instant, since a direct grant needs `S`, and a leased one `H`. A lease moves
+//! tokens from `S` to `H`, a leased grant spends `H` and `V` alike, a refund moves them back:
+//! none raises `S + H`. Refill raises `S` and `V` at the same rate, but `V` stops at the
+//! burst: so `S + H` must stay at most the burst too. Each holder keeps to that for itself: it
+//! grants from its lease no more than the burst less the level the row it leased from would
+//! have by now (`usable`). That level bounds `S` from above (every later take and lease only
+//! lowered it), and the holder that leased first counts every later lease in it, so the
+//! holders together keep `S + H` within the burst. A refund would add tokens a holder's row
+//! does not count if it came from a lease made before that holder's, so the store credits a
+//! refund only to the bucket's latest lease (`lease_serial`), and forfeits it otherwise.
+//!
+//! What can be lost is grants, never budget: a lease's tokens the burst no longer leaves room
+//! for, a forfeited refund, a lease dropped with its entry (a reset, a changed rule, eviction,
+//! a lease whose caller went away mid-statement) or held by a replica that died (until the
+//! bucket refills them).
+//!
+//! # When a bucket is leased
+//!
+//! Each replica measures each bucket's demand (tokens asked over the last lease period, or
+//! over the current one so far when that is more). A bucket is hot when a lease of one
+//! period's demand would serve at least
+//! [`HOT_TAKES`] takes; its next take then asks for that much (at least its own cost, at most
+//! [`MAX_SHARE`] of the burst), and gives back in the same statement what the previous lease
+//! did not grant. A lease lasts one period. While one take of the bucket waits for a lease,
+//! the others take directly, as a cold bucket's do.
+
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+
+use crate::{Fill, Key, LeaseRequest, Leased, Limit, Name, Spend};
+
+/// A lease is worth its statement when one period's demand is at least this many takes.
+pub(super) const HOT_TAKES: f64 = 2.0;
+/// The most of a bucket's burst one replica leases at once, so that replicas sharing a hot
+/// bucket each find some of it (docs/adr/0034 has the simulation that chose it).
+pub(super) const MAX_SHARE: f64 = 0.25;
+
+/// One bucket's lease on this replica, and how busy the bucket is here.
+#[derive(Debug, Default)]
+pub(super) struct Lease {
+    /// Tokens leased and not granted (of which `usable` may grant).
+    held: f64,
+    /// The lease's number, under which `held` may be given back.
+    serial: i64,
+    /// The limit it was leased under; a take under another limit does not spend it.
+    limit: Option<Limit>,
+    /// The row as the lease left it: refilled to an instant, the most the shared row can hold.
+    row: Option<Fill>,
+    /// When it stops being spent.
+    expires: Option<Instant>,
+    /// A take of this bucket is asking the store for a lease.
+    requesting: bool,
+    /// Tokens asked of this bucket here since `window_started`.
+    asked: f64,
+    window_started: Option<Instant>,
+    /// Tokens asked per second over the last whole window.
+    rate: f64,
+}
+
+/// What a take does with its bucket's lease.
+pub(super) enum Plan {
+    /// Granted from the lease: the row as the lease left it.
+    Granted(Fill),
+    /// Ask the store for a lease (the entry is marked as asking).
+    Request(LeaseRequest),
+    /// Take directly, as a cold bucket's take does.
+    Direct,
+}
+
+impl Lease {
+    /// Counts `cost` asked at `instant`, ending the demand window once it is `period` old.
+    fn count(&mut self, cost: f64, instant: Instant, period: Duration) {
+        let started = *self.window_started.get_or_insert(instant);
+        let elapsed = instant.saturating_duration_since(started);
+        if elapsed >= period {
+            self.rate = self.asked / elapsed.as_secs_f64();
+            self.asked = 0.0;
+            self.window_started = Some(instant);
+        }
+        self.asked += cost;
+    }
+
+    /// What of `held` may still be granted at `now`: no more than the burst leaves room for
+    /// above the level the leased-from row would have by now.
+    fn usable(&self, limit: Limit, now: DateTime<Utc>) -> f64 {
+        match self.row {
+            Some(row) => self.held.min(limit.burst() - limit.level(row, now)).max(0.0),
+            None => 0.0,
+        }
+    }
+
+    /// What `spend` at `now` (`instant` on the monotonic clock) does with this lease.
+    pub(super) fn plan(
+        &mut self,
+        spend: &Spend,
+        now: DateTime<Utc>,
+        instant: Instant,
+        period: Duration,
+    ) -> Plan {
+        self.count(spend.cost, instant, period);
+        let current =
+            self.limit == Some(spend.limit) && self.expires.is_some_and(|expires| instant < expires);
+        if current && self.usable(spend.limit, now) >= spend.cost {
+            self.held -= spend.cost;
+            if let Some(row) = self.row {
+                return Plan::Granted(row);
+            }
+        }
+        // A period's demand: the last whole window's, or this one's so far when more (so a
+        // bucket that turns hot is leased within its first period).
+        let wanted = (self.rate * period.as_secs_f64()).max(self.asked);
+        if self.requesting || wanted < HOT_TAKES * spend.cost {
+            return Plan::Direct;
+        }
+        let burst = spend.limit.burst();
+        let at_most = wanted.min(burst * MAX_SHARE).max(spend.cost).min(burst);
+        // Only what may still be granted goes back; the rest the burst has no room for.
+        let refund = if self.limit == Some(spend.limit) { self.usable(spend.limit, now) } else { 0.0 };
+        self.held = 0.0;
+        self.requesting = true;
+        Plan::Request(LeaseRequest {
+            spend: *spend,
+            at_least: spend.cost,
+            at_most,
+            refund,
+            refund_serial: self.serial,
+        })
+    }
+
+    /// The store answered the request `spend` made: a lease, whose first `spend.cost` tokens
+    /// are that take's, or nothing (the level could not cover the take).
+    pub(super) fn leased(&mut self, spend: &Spend, leased: &Leased, expires: Instant) {
+        self.requesting = false;
+        self.serial = leased.serial;
+        self.row = Some(leased.row);
+        self.limit = Some(spend.limit);
+        if leased.leased >= spend.cost {
+            self.held = leased.leased - spend.cost;
+            self.expires = Some(expires);
+        } else {
+            self.held = 0.0;
+            self.expires = None;
+        }
+    }
+
+    /// The request was not answered (the store failed, or its caller went away): whatever
+    /// it may have leased or given back is forfeited.
+    pub(super) fn unanswered(&mut self) {
+        self.requesting = false;
+        self.held = 0.0;
+        self.expires = None;
+    }
+
+    /// Gives up what an expired lease of `name`'s bucket of `key` still holds, for it to go
+    /// back: the request, if there is anything to give back (the entry is marked as asking).
+    pub(super) fn take_back(
+        &mut self,
+        name: Name,
+        key: Key,
+        instant: Instant,
+        now: DateTime<Utc>,
+    ) -> Option<LeaseRequest> {
+        let expired = self.expires.is_some_and(|expires| instant >= expires);
+        let limit = self.limit?;
+        if !expired || self.requesting {
+            return None;
+        }
+        let refund = self.usable(limit, now);
+        self.held = 0.0;
+        self.expires = None;
+        (refund > 0.0).then(|| {
+            self.requesting = true;
+            LeaseRequest {
+                spend: Spend::new(name, key, 0.0, limit),
+                at_least: 0.0,
+                at_most: 0.0,
+                refund,
+                refund_serial: self.serial,
+            }
+        })
+    }
+
+    /// Tokens held and not granted (for the operator page and metrics).
+    pub(super) fn held(&self) -> f64 {
+        self.held
+    }
+}
