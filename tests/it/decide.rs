@@ -508,3 +508,63 @@ async fn a_closed_rule_whose_store_cannot_answer_is_unavailable_and_open_admits(
     let errors = "plexsphere_decide_decisions_total{service=\"directory\",outcome=\"error\"}";
     assert_eq!(replica.metric(errors).await, Some(2.0));
 }
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn two_leasing_replicas_grant_a_hot_tenant_its_burst_and_never_more(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Issue 25: with leases on, a hot tenant's decisions are granted from each replica's
+    // memory; across both, never more than the burst (the clock stands still: nothing refills).
+    let clock = Arc::new(ManualClock::new(instant()));
+    let leases = [("PLEXSPHERE_LEASE_MS", "1000")];
+    let a = service(&connect, clock.clone(), &leases).await;
+    let b = service(&connect, clock, &leases).await;
+    rule(&a, "hot-tenant", directory_rule("*", &json!({ "tenant": "*" }), 2000.0, 0)).await;
+    eventually(Duration::from_secs(1), "b has the rule", || async {
+        let snapshot = b.get("/v1/snapshot?service=directory", Some(DECIDE_TOKEN)).await;
+        snapshot.body["rules"].as_array().is_some_and(|rules| !rules.is_empty())
+    })
+    .await;
+    // Sixteen callers on each replica, one request after another, 3,000 in all.
+    let request = http_one(&[USERS, ("tenant", "hot")], 1);
+    let callers: Vec<_> = (0..32)
+        .map(|caller| {
+            let replica = if caller % 2 == 0 { (*a).clone() } else { (*b).clone() };
+            let request = request.clone();
+            tokio::spawn(async move {
+                let mut granted = 0;
+                for _ in 0..3000 / 32 + 1 {
+                    let answer = http_decide(&replica, &request).await;
+                    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+                    granted += usize::from(answer.body["overall_code"] == "OK");
+                }
+                granted
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    for caller in callers {
+        ok += caller.await.unwrap();
+    }
+    let (mut from_leases, mut leased, mut refunded) = (0.0, 0.0, 0.0);
+    for replica in [&a, &b] {
+        let metrics = replica.get("/metrics", None).await.body;
+        let text = metrics.as_str().unwrap_or_default().to_owned();
+        let sum = |family: &str| {
+            text.lines()
+                .filter(|line| line.starts_with(family))
+                .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>()
+        };
+        from_leases += sum("plexsphere_rate_budget_leased_grants_total");
+        leased += sum("plexsphere_rate_budget_leased_tokens_total");
+        refunded += sum("plexsphere_rate_budget_lease_refunded_tokens_total");
+    }
+    eprintln!("{ok} granted of a burst of 2000, {from_leases} from leases; {leased} tokens leased, {refunded} given back");
+    assert!(ok <= 2000, "{ok} granted of a burst of 2000");
+    assert!(ok >= 1900, "{ok} granted: leases held back more than 5% of the burst");
+    assert!(from_leases > 500.0, "{from_leases} grants from leases");
+    let status = a.operator(Method::GET, "/v1/status", None).await;
+    assert!(status.body["leased"].is_array(), "{status:?}");
+}

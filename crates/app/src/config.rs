@@ -124,6 +124,8 @@ pub const RULES_POLL_INTERVAL_MS: &str = "PLEXSPHERE_RULES_POLL_INTERVAL_MS";
 /// `PLEXSPHERE_RULE_USAGE_FLUSH_INTERVAL_MS`: how often a replica adds the decisions it
 /// counted per rule to the usage rows.
 pub const RULE_USAGE_FLUSH_INTERVAL_MS: &str = "PLEXSPHERE_RULE_USAGE_FLUSH_INTERVAL_MS";
+/// `PLEXSPHERE_LEASE_MS`: how long a replica's lease of a hot bucket lasts; 0 leases nothing.
+pub const LEASE_MS: &str = "PLEXSPHERE_LEASE_MS";
 /// `PLEXSPHERE_OTLP_ENDPOINT`: the OpenTelemetry collector metrics are pushed to, over
 /// OTLP/HTTP; empty (the default) exports nothing.
 pub const OTLP_ENDPOINT: &str = "PLEXSPHERE_OTLP_ENDPOINT";
@@ -372,6 +374,11 @@ pub struct Knobs {
     /// rows, in one statement (50 to 600000).
     #[arg(long, env = RULE_USAGE_FLUSH_INTERVAL_MS, value_name = RULE_USAGE_FLUSH_INTERVAL_MS, value_parser = clap::value_parser!(u64).range(50..=600_000), default_value_t = 10_000)]
     pub rule_usage_flush_interval_ms: u64,
+    /// How long a lease of a hot bucket lasts (docs/adr/0034): a replica that takes often from
+    /// one bucket leases tokens of it in one statement and grants them from memory, never more
+    /// than the budget; 0 (the default) leases nothing (0 to 10000).
+    #[arg(long, env = LEASE_MS, value_name = LEASE_MS, value_parser = clap::value_parser!(u64).range(0..=10_000), default_value_t = 0)]
+    pub lease_ms: u64,
     /// The OpenTelemetry collector to push metrics to over OTLP/HTTP (protobuf), as its base
     /// URL, `http://host:4318`: `ratelimit.decisions` and `ratelimit.fallbacks` go to
     /// `<it>/v1/metrics`. Plain HTTP only (run a collector beside the replica); empty: none.
@@ -655,6 +662,8 @@ pub struct Config {
     pub rules_poll_interval: Duration,
     /// How often the replica flushes its rule usage counts.
     pub rule_usage_flush_interval: Duration,
+    /// How long a lease of a hot bucket lasts; `None`: nothing is leased.
+    pub lease_period: Option<Duration>,
     /// Where and how often metrics are pushed over OTLP, if anywhere.
     pub otlp: Option<OtlpConfig>,
     /// The database as a session reaches it (LISTEN, the leader lock, migrations).
@@ -696,6 +705,7 @@ impl std::fmt::Debug for Config {
             .field("max_clock_skew", &self.max_clock_skew)
             .field("rules_poll_interval", &self.rules_poll_interval)
             .field("rule_usage_flush_interval", &self.rule_usage_flush_interval)
+            .field("lease_period", &self.lease_period)
             .field("otlp", &self.otlp)
             .field(
                 "decide_callers",
@@ -852,6 +862,7 @@ impl Config {
             max_clock_skew: Duration::from_millis(knobs.max_clock_skew_ms),
             rules_poll_interval: Duration::from_millis(knobs.rules_poll_interval_ms),
             rule_usage_flush_interval: Duration::from_millis(knobs.rule_usage_flush_interval_ms),
+            lease_period: Some(Duration::from_millis(knobs.lease_ms)).filter(|period| !period.is_zero()),
             otlp,
             decide_callers,
             grpc_listen,

@@ -200,6 +200,11 @@ impl Observer for DecisionObserver {
                 return self.metrics.named_decision(spend.limiter.as_str(), outcome);
             }
         }
+        if source == Source::Lease {
+            for (_, spend) in take.spends() {
+                self.metrics.leased_grant(spend.name.as_str());
+            }
+        }
         self.record_fill(take, decision, source, now);
         if matches!(source, Source::Fallback | Source::Open) {
             for (_, scope, _) in &spent {
@@ -254,6 +259,10 @@ impl Observer for DecisionObserver {
             }
         }
         count_undecided(&self.metrics, take);
+    }
+
+    fn leased(&self, name: ratebudget::Name, leased: &ratebudget::Leased) {
+        self.metrics.lease(name.as_str(), leased.leased, leased.refunded);
     }
 
     fn store_failing(&self, failing: bool) {

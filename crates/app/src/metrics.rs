@@ -97,6 +97,13 @@ struct ServiceLabels {
     outcome: &'static str,
 }
 
+/// A budget by its name: one of this project's scopes, or the budget other services'
+/// decisions spend (names come from code, never from requests).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BudgetLabels {
+    budget: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ScopeLabels {
     scope: ScopeLabel,
@@ -184,6 +191,9 @@ pub struct Families {
     precheck_buckets: Gauge,
     limits_probe: Arc<Mutex<Option<LimitsProbe>>>,
     usage_flushes: Family<FlushLabels, Counter>,
+    leased_grants: Family<BudgetLabels, Counter>,
+    leased_tokens: Family<BudgetLabels, Counter<f64, AtomicU64>>,
+    lease_refunded_tokens: Family<BudgetLabels, Counter<f64, AtomicU64>>,
 }
 
 impl std::ops::Deref for Metrics {
@@ -314,6 +324,24 @@ impl Metrics {
             "Flushes of this replica's per-rule decision counts to the usage rows (error: kept for the next)",
             usage_flushes.clone(),
         );
+        let leased_grants = Family::<BudgetLabels, Counter>::default();
+        registry.register(
+            "rate_budget_leased_grants",
+            "Takes this replica granted from its lease of a hot bucket, without a statement (docs/adr/0034)",
+            leased_grants.clone(),
+        );
+        let leased_tokens = Family::<BudgetLabels, Counter<f64, AtomicU64>>::default();
+        registry.register(
+            "rate_budget_leased_tokens",
+            "Tokens this replica's leases took from shared buckets",
+            leased_tokens.clone(),
+        );
+        let lease_refunded_tokens = Family::<BudgetLabels, Counter<f64, AtomicU64>>::default();
+        registry.register(
+            "rate_budget_lease_refunded_tokens",
+            "Tokens this replica's leases did not grant and gave back to shared buckets",
+            lease_refunded_tokens.clone(),
+        );
         Metrics(Arc::new(Families {
             registry,
             leader,
@@ -336,6 +364,9 @@ impl Metrics {
             precheck_buckets,
             limits_probe: Arc::default(),
             usage_flushes,
+            leased_grants,
+            leased_tokens,
+            lease_refunded_tokens,
         }))
     }
 
@@ -383,6 +414,17 @@ impl Metrics {
     /// Counts one decision of a named limiter.
     pub fn named_decision(&self, limiter: &'static str, outcome: Outcome) {
         self.named_decisions.get_or_create(&NamedLabels { limiter, outcome }).inc();
+    }
+
+    /// Counts one take of `budget` granted from this replica's lease.
+    pub fn leased_grant(&self, budget: &'static str) {
+        self.leased_grants.get_or_create(&BudgetLabels { budget }).inc();
+    }
+
+    /// Counts what a lease of a bucket of `budget` took and gave back.
+    pub fn lease(&self, budget: &'static str, leased: f64, refunded: f64) {
+        self.leased_tokens.get_or_create(&BudgetLabels { budget }).inc_by(leased);
+        self.lease_refunded_tokens.get_or_create(&BudgetLabels { budget }).inc_by(refunded);
     }
 
     /// Counts one request decided for another service.

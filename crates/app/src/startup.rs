@@ -180,6 +180,7 @@ impl Application {
         };
         let guard = Arc::new(
             Guard::builder(store.clone())
+                .leases(config.lease_period.unwrap_or_default())
                 .decision_timeout(config.decision_timeout)
                 .trusted_only(time.status.clone())
                 .observer(Arc::new(DecisionObserver::new(
@@ -344,6 +345,12 @@ impl Application {
         tasks
             .add("the listener", listener::run(config.session_database.clone(), followers, shutdown.clone()));
         tasks.add("the rule and tier follower", rules);
+        if let Some(period) = config.lease_period {
+            tasks.add(
+                "the lease return",
+                return_leases(guard.clone(), time.clock.clone(), period, shutdown.clone()),
+            );
+        }
         tasks.add("the rule usage flusher", usage);
         if let Some(grpc_listener) = grpc_listener {
             tasks.add("the gRPC server", http::grpc::serve(grpc_listener, grpc_server, shutdown.clone()));
@@ -419,6 +426,25 @@ impl Application {
     pub async fn stop(self) -> anyhow::Result<()> {
         self.shutdown.cancel();
         self.run_until_stopped().await
+    }
+}
+
+/// Gives back, every lease period, what this replica's expired leases did not grant
+/// (docs/adr/0034), until `shutdown`; a bucket still hot gives back with its next lease.
+async fn return_leases(
+    guard: Arc<Guard>,
+    clock: Arc<dyn Clock>,
+    period: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut every = tokio::time::interval(period);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        guard.return_leases(clock.now()).await;
     }
 }
 

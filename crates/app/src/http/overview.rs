@@ -23,6 +23,16 @@ pub(super) struct StatusBody {
     decisions: Vec<DecisionCount>,
     precheck_buckets: u64,
     store_failing: bool,
+    /// The buckets this replica holds a lease of (docs/adr/0034), most held first.
+    leased: Vec<LeasedBody>,
+}
+
+#[derive(Serialize)]
+struct LeasedBody {
+    budget: &'static str,
+    key: uuid::Uuid,
+    /// Tokens leased and not granted yet.
+    held: f64,
 }
 
 #[derive(Serialize)]
@@ -100,7 +110,19 @@ pub(super) async fn status(_: Operator, State(state): State<AppState>) -> Json<S
         decisions,
         precheck_buckets: reading.precheck_buckets,
         store_failing: state.guard.store_failing(),
+        leased: leased(&state.guard),
     })
+}
+
+/// The buckets `guard` holds leases of, the most held first, at most the page's worth.
+fn leased(guard: &ratebudget::Guard) -> Vec<LeasedBody> {
+    let mut leased = guard.leased_buckets();
+    leased.sort_by(|a, b| b.2.total_cmp(&a.2));
+    leased
+        .into_iter()
+        .take(50)
+        .map(|(budget, key, held)| LeasedBody { budget: budget.as_str(), key: key.as_uuid(), held })
+        .collect()
 }
 
 #[derive(Serialize)]

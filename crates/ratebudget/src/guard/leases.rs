@@ -30,8 +30,10 @@
 //! period's demand would serve at least
 //! [`HOT_TAKES`] takes; its next take then asks for that much (at least its own cost, at most
 //! [`MAX_SHARE`] of the burst), and gives back in the same statement what the previous lease
-//! did not grant. A lease lasts one period. While one take of the bucket waits for a lease,
-//! the others take directly, as a cold bucket's do.
+//! did not grant. A lease lasts one period, and after that for as long as the bucket stays
+//! hot here; what a lease of a bucket that cooled did not grant goes back
+//! ([`super::Guard::return_leases`]). While one take of the bucket waits for a lease, the
+//! others take directly, as a cold bucket's do.
 
 use std::time::{Duration, Instant};
 
@@ -65,16 +67,8 @@ pub(super) struct Lease {
     window_started: Option<Instant>,
     /// Tokens asked per second over the last whole window.
     rate: f64,
-}
-
-/// What a take does with its bucket's lease.
-pub(super) enum Plan {
-    /// Granted from the lease: the row as the lease left it.
-    Granted(Fill),
-    /// Ask the store for a lease (the entry is marked as asking).
-    Request(LeaseRequest),
-    /// Take directly, as a cold bucket's take does.
-    Direct,
+    /// The cost of the last take: what a lease of this bucket must serve twice to be worth it.
+    last_cost: f64,
 }
 
 impl Lease {
@@ -90,6 +84,19 @@ impl Lease {
         self.asked += cost;
     }
 
+    /// Tokens a period asks of this bucket here: the last whole window's demand, or this
+    /// one's so far when more (so a bucket that turns hot is leased within its first period);
+    /// a window left open longer than a period (nobody asked since) counts its idle time.
+    fn demand(&self, instant: Instant, period: Duration) -> f64 {
+        let elapsed =
+            self.window_started.map_or(Duration::ZERO, |started| instant.saturating_duration_since(started));
+        if elapsed >= period {
+            self.asked / elapsed.as_secs_f64() * period.as_secs_f64()
+        } else {
+            (self.rate * period.as_secs_f64()).max(self.asked)
+        }
+    }
+
     /// What of `held` may still be granted at `now`: no more than the burst leaves room for
     /// above the level the leased-from row would have by now.
     fn usable(&self, limit: Limit, now: DateTime<Utc>) -> f64 {
@@ -99,28 +106,43 @@ impl Lease {
         }
     }
 
-    /// What `spend` at `now` (`instant` on the monotonic clock) does with this lease.
-    pub(super) fn plan(
+    /// Grants `spend` at `now` (`instant` on the monotonic clock) from this lease if it can:
+    /// the row as the lease left it. Counts the take's demand either way.
+    pub(super) fn grant(
         &mut self,
         spend: &Spend,
         now: DateTime<Utc>,
         instant: Instant,
         period: Duration,
-    ) -> Plan {
+    ) -> Option<Fill> {
         self.count(spend.cost, instant, period);
-        let current =
-            self.limit == Some(spend.limit) && self.expires.is_some_and(|expires| instant < expires);
-        if current && self.usable(spend.limit, now) >= spend.cost {
+        self.last_cost = spend.cost;
+        // A lease is spent until its period ends, and after that for as long as the bucket
+        // stays hot here: going back to the store with what is left would only forfeit it
+        // (a refund is credited only to the bucket's latest lease) and lease it again.
+        let hot = self.demand(instant, period) >= HOT_TAKES * spend.cost;
+        let live = self.expires.is_some_and(|expires| instant < expires) || (hot && self.expires.is_some());
+        let row = self.row?;
+        if self.limit == Some(spend.limit) && live && self.usable(spend.limit, now) >= spend.cost {
             self.held -= spend.cost;
-            if let Some(row) = self.row {
-                return Plan::Granted(row);
-            }
+            return Some(row);
         }
-        // A period's demand: the last whole window's, or this one's so far when more (so a
-        // bucket that turns hot is leased within its first period).
-        let wanted = (self.rate * period.as_secs_f64()).max(self.asked);
+        None
+    }
+
+    /// The lease `spend` at `now` should ask the store for, if its bucket is hot here and no
+    /// other take is asking already (the entry is then marked as asking); otherwise it takes
+    /// directly.
+    pub(super) fn request(
+        &mut self,
+        spend: &Spend,
+        now: DateTime<Utc>,
+        instant: Instant,
+        period: Duration,
+    ) -> Option<LeaseRequest> {
+        let wanted = self.demand(instant, period);
         if self.requesting || wanted < HOT_TAKES * spend.cost {
-            return Plan::Direct;
+            return None;
         }
         let burst = spend.limit.burst();
         let at_most = wanted.min(burst * MAX_SHARE).max(spend.cost).min(burst);
@@ -128,7 +150,7 @@ impl Lease {
         let refund = if self.limit == Some(spend.limit) { self.usable(spend.limit, now) } else { 0.0 };
         self.held = 0.0;
         self.requesting = true;
-        Plan::Request(LeaseRequest {
+        Some(LeaseRequest {
             spend: *spend,
             at_least: spend.cost,
             at_most,
@@ -169,8 +191,11 @@ impl Lease {
         key: Key,
         instant: Instant,
         now: DateTime<Utc>,
+        period: Duration,
     ) -> Option<LeaseRequest> {
-        let expired = self.expires.is_some_and(|expires| instant >= expires);
+        // Still hot here: the lease is kept, and goes back with the next lease if any.
+        let cooled = self.demand(instant, period) < HOT_TAKES * self.last_cost;
+        let expired = self.expires.is_some_and(|expires| instant >= expires) && cooled;
         let limit = self.limit?;
         if !expired || self.requesting {
             return None;

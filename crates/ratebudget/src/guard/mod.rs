@@ -377,6 +377,11 @@ impl Guard {
             // the store answers without a query.
             return Ok((self.inner.decide(take, now).await?, Source::Store));
         };
+        // A lease's tokens first: they are this replica's, whatever the row the pre-check
+        // last learned says of the shared bucket.
+        if let Some(granted) = self.granted_from_lease(&guarded, now) {
+            return Ok(granted);
+        }
         if let Some(refusal) = guarded.precheck(now) {
             return Ok((Decision::Refused(refusal), Source::Precheck));
         }
@@ -417,16 +422,10 @@ impl Guard {
     /// of the lease here), or left to take directly.
     async fn by_lease(&self, guarded: &Guarded, now: DateTime<Utc>, may_skip: bool) -> ByLease {
         let Some(period) = self.config.lease_period else { return ByLease::Direct };
-        let Guarded::Buckets(entries) = guarded else { return ByLease::Direct };
-        let [(which, spend, entry)] = entries.as_slice() else { return ByLease::Direct };
+        let Some((which, spend, entry)) = leasable(guarded) else { return ByLease::Direct };
         let instant = Instant::now();
-        let request = match lock(entry).lease.plan(spend, now, instant, period) {
-            leases::Plan::Direct => return ByLease::Direct,
-            leases::Plan::Granted(row) => {
-                let grant = Grant { first: Some(row), second: None, named: None };
-                return ByLease::Decided(Ok((Decision::Granted(grant), Source::Lease)));
-            }
-            leases::Plan::Request(request) => request,
+        let Some(request) = lock(entry).lease.request(spend, now, instant, period) else {
+            return ByLease::Direct;
         };
         // Dropped before the answer (its caller went away), the request leaves the entry
         // asking no longer, and whatever it leased is forfeited.
@@ -467,10 +466,20 @@ impl Guard {
         }
     }
 
+    /// A single take of a token bucket granted from this replica's lease of it, when leases
+    /// are on and the lease covers it (counting the take's demand either way).
+    fn granted_from_lease(&self, guarded: &Guarded, now: DateTime<Utc>) -> Option<(Decision, Source)> {
+        let period = self.config.lease_period?;
+        let (_, spend, entry) = leasable(guarded)?;
+        let row = lock(entry).lease.grant(spend, now, Instant::now(), period)?;
+        Some((Decision::Granted(Grant { first: Some(row), second: None, named: None }), Source::Lease))
+    }
+
     /// Gives back what expired leases did not grant, one statement per bucket: run it every
     /// lease period (the binary does). A bucket still hot gives back with its next lease
     /// instead. Returns the tokens credited; a refund that fails is forfeited.
     pub async fn return_leases(&self, now: DateTime<Utc>) -> f64 {
+        let Some(period) = self.config.lease_period else { return 0.0 };
         let instant = Instant::now();
         let mut returned = 0.0;
         let due: Vec<_> = self
@@ -478,7 +487,7 @@ impl Guard {
             .iter()
             .filter_map(|(id, entry)| match id {
                 BucketId::Budget(name, key) => {
-                    let request = lock(&entry).lease.take_back(name, key, instant, now)?;
+                    let request = lock(&entry).lease.take_back(name, key, instant, now, period)?;
                     Some((request, entry))
                 }
                 BucketId::Named(..) => None,
@@ -559,6 +568,14 @@ impl Decider for Guard {
             Err(undecided) => self.observer.decided(&take, now, Err(undecided), elapsed),
         }
         outcome.map(|(decision, _)| decision)
+    }
+}
+
+/// The one bucket a take spends, when it is one a lease may serve: a single token bucket.
+fn leasable(guarded: &Guarded) -> Option<&(crate::Which, crate::Spend, Arc<Mutex<Known>>)> {
+    match guarded {
+        Guarded::Buckets(entries) if entries.len() == 1 => entries.first(),
+        _ => None,
     }
 }
 

@@ -148,6 +148,10 @@
     setText("tiers-version", "version " + rules.tiers_version);
     setText("store", status.store_failing ? "failing: fail modes decide" : "answering", status.store_failing ? "bad" : "ok");
     setText("precheck", status.precheck_buckets + " buckets");
+    // Hot buckets this replica grants from memory (PLEXSPHERE_LEASE_MS), most held first.
+    const leased = status.leased || [];
+    setText("leased", leased.length === 0 ? "none" : leased.map((lease) =>
+      lease.budget + " " + lease.key + " (" + formatNumber(lease.held) + " held)").join("; "));
 
     const head = $("decisions-head");
     if (head.children.length === 1) {
