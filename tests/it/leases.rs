@@ -95,7 +95,11 @@ async fn three_replicas_take(
             }
         });
         futures::future::join_all(takes).await;
-        if tick % 7 == 0 {
+        if takes_per_tick(tick) == 0 && takes_per_tick(tick - 1) > 0 {
+            // A pause: three lease periods without a take, so each replica's demand cools and
+            // its leases go back, as the binary's task gives them back every period. (A lease
+            // of a bucket still hot is kept: only time cools a bucket.)
+            tokio::time::sleep(StdDuration::from_millis(60)).await;
             for replica in &replicas {
                 replica.return_leases(now).await;
             }
@@ -120,12 +124,15 @@ fn report(what: &str, granted: &[DateTime<Utc>], leasing: &Leasing, worst: f64) 
 #[sqlx::test(migrator = "app::MIGRATOR")]
 async fn leased_grants_from_three_replicas_never_exceed_the_budget_in_any_window(pool: PgPool) {
     // 10 tokens a tick: below it, leases serve most takes; above it, the bucket runs dry and
-    // each lease is what is left; then lightly again, and leases go back.
+    // each lease is what is left; a pause, and leases go back; lightly; a pause; saturated.
     let limit = Limit::new(5000.0, 100.0).unwrap();
-    let (granted, leasing) = three_replicas_take(&pool, limit, 600, |tick| match tick {
+    let (granted, leasing) = three_replicas_take(&pool, limit, 700, |tick| match tick {
         0..200 => 3,
         200..400 => 6,
-        _ => usize::from(tick % 3 == 0),
+        400 => 0,
+        401..500 => usize::from(tick % 3 == 0),
+        500 => 0,
+        _ => 6,
     })
     .await;
     let worst = worst_window(&granted, limit);

@@ -37,6 +37,8 @@
 
 use std::time::{Duration, Instant};
 
+use tokio::sync::watch;
+
 use chrono::{DateTime, Utc};
 
 use crate::{Fill, Key, LeaseRequest, Leased, Limit, Name, Spend};
@@ -60,8 +62,9 @@ pub(super) struct Lease {
     row: Option<Fill>,
     /// When it stops being spent.
     expires: Option<Instant>,
-    /// A take of this bucket is asking the store for a lease.
-    requesting: bool,
+    /// A take of this bucket is asking the store for a lease: closed when it has its answer
+    /// (or went away), so that takes waiting for the lease go on.
+    asking: Option<watch::Receiver<()>>,
     /// Tokens asked of this bucket here since `window_started`.
     asked: f64,
     window_started: Option<Instant>,
@@ -69,6 +72,16 @@ pub(super) struct Lease {
     rate: f64,
     /// The cost of the last take: what a lease of this bucket must serve twice to be worth it.
     last_cost: f64,
+}
+
+/// What a take does when its bucket's lease cannot grant it.
+pub(super) enum Ask {
+    /// Ask the store for this lease; dropping the sender tells the takes waiting for it.
+    Request(LeaseRequest, watch::Sender<()>),
+    /// Wait until the lease another take asks for is answered (or that take went away).
+    Wait(watch::Receiver<()>),
+    /// Take directly, as a cold bucket's take does.
+    Direct,
 }
 
 impl Lease {
@@ -130,39 +143,40 @@ impl Lease {
         None
     }
 
-    /// The lease `spend` at `now` should ask the store for, if its bucket is hot here and no
-    /// other take is asking already (the entry is then marked as asking); otherwise it takes
-    /// directly.
+    /// What `spend` at `now` does when its bucket's lease cannot grant it: ask the store for
+    /// a lease, if its bucket is hot here and no other take is asking already; wait for the
+    /// lease another take is asking for; or take directly.
     pub(super) fn request(
         &mut self,
         spend: &Spend,
         now: DateTime<Utc>,
         instant: Instant,
         period: Duration,
-    ) -> Option<LeaseRequest> {
+    ) -> Ask {
         let wanted = self.demand(instant, period);
-        if self.requesting || wanted < HOT_TAKES * spend.cost {
-            return None;
+        if wanted < HOT_TAKES * spend.cost {
+            return Ask::Direct;
+        }
+        if let Some(asking) = &self.asking {
+            return Ask::Wait(asking.clone());
         }
         let burst = spend.limit.burst();
         let at_most = wanted.min(burst * MAX_SHARE).max(spend.cost).min(burst);
         // Only what may still be granted goes back; the rest the burst has no room for.
         let refund = if self.limit == Some(spend.limit) { self.usable(spend.limit, now) } else { 0.0 };
         self.held = 0.0;
-        self.requesting = true;
-        Some(LeaseRequest {
-            spend: *spend,
-            at_least: spend.cost,
-            at_most,
-            refund,
-            refund_serial: self.serial,
-        })
+        let (answered, asking) = watch::channel(());
+        self.asking = Some(asking);
+        Ask::Request(
+            LeaseRequest { spend: *spend, at_least: spend.cost, at_most, refund, refund_serial: self.serial },
+            answered,
+        )
     }
 
     /// The store answered the request `spend` made: a lease, whose first `spend.cost` tokens
     /// are that take's, or nothing (the level could not cover the take).
     pub(super) fn leased(&mut self, spend: &Spend, leased: &Leased, expires: Instant) {
-        self.requesting = false;
+        self.asking = None;
         self.serial = leased.serial;
         self.row = Some(leased.row);
         self.limit = Some(spend.limit);
@@ -178,7 +192,7 @@ impl Lease {
     /// The request was not answered (the store failed, or its caller went away): whatever
     /// it may have leased or given back is forfeited.
     pub(super) fn unanswered(&mut self) {
-        self.requesting = false;
+        self.asking = None;
         self.held = 0.0;
         self.expires = None;
     }
@@ -197,14 +211,14 @@ impl Lease {
         let cooled = self.demand(instant, period) < HOT_TAKES * self.last_cost;
         let expired = self.expires.is_some_and(|expires| instant >= expires) && cooled;
         let limit = self.limit?;
-        if !expired || self.requesting {
+        if !expired || self.asking.is_some() {
             return None;
         }
         let refund = self.usable(limit, now);
         self.held = 0.0;
         self.expires = None;
         (refund > 0.0).then(|| {
-            self.requesting = true;
+            // Nobody waits for a refund: a take of the bucket meanwhile takes directly.
             LeaseRequest {
                 spend: Spend::new(name, key, 0.0, limit),
                 at_least: 0.0,

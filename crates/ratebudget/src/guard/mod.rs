@@ -390,6 +390,18 @@ impl Guard {
         let answer = match self.by_lease(&guarded, now, may_skip).await {
             ByLease::Decided(decided) => return decided,
             ByLease::Answered(answer) => answer,
+            ByLease::Wait(mut asking) => {
+                // Another take of this bucket asks for a lease: wait for its answer (bounded by
+                // its own decision timeout), then spend the lease, or learn what it learned.
+                let _ = asking.changed().await;
+                if let Some(granted) = self.granted_from_lease(&guarded, now) {
+                    return Ok(granted);
+                }
+                if let Some(refusal) = guarded.precheck(now) {
+                    return Ok((Decision::Refused(refusal), Source::Precheck));
+                }
+                self.ask_store(take, now, may_skip).await
+            }
             ByLease::Direct => self.ask_store(take, now, may_skip).await,
         };
         let undecided = match answer {
@@ -424,8 +436,10 @@ impl Guard {
         let Some(period) = self.config.lease_period else { return ByLease::Direct };
         let Some((which, spend, entry)) = leasable(guarded) else { return ByLease::Direct };
         let instant = Instant::now();
-        let Some(request) = lock(entry).lease.request(spend, now, instant, period) else {
-            return ByLease::Direct;
+        let (request, _answered) = match lock(entry).lease.request(spend, now, instant, period) {
+            leases::Ask::Request(request, answered) => (request, answered),
+            leases::Ask::Wait(asking) => return ByLease::Wait(asking),
+            leases::Ask::Direct => return ByLease::Direct,
         };
         // Dropped before the answer (its caller went away), the request leaves the entry
         // asking no longer, and whatever it leased is forfeited.
@@ -584,6 +598,7 @@ fn leasable(guarded: &Guarded) -> Option<&(crate::Which, crate::Spend, Arc<Mutex
 enum ByLease {
     Decided(Result<(Decision, Source), Undecided>),
     Answered(Option<Result<Decision, Undecided>>),
+    Wait(tokio::sync::watch::Receiver<()>),
     Direct,
 }
 
