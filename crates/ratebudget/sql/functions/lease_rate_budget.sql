@@ -4,8 +4,9 @@
 --
 -- A lease (docs/adr/0034): one statement that first gives back what a replica leased and did
 -- not grant (`refund`, of the lease numbered `serial`), then takes between `at_least` and
--- `at_most` tokens, as many as the level covers, for the replica to grant from memory. With
--- `at_least` = `at_most` it decides as take.sql; with both 0 it only gives back.
+-- `at_most` tokens, as many whole multiples of `at_least` as the level covers, for the
+-- replica to grant from memory. With `at_least` = `at_most` it decides as take.sql; with both
+-- 0 it only gives back.
 --
 -- Result (leased, refunded, serial, tokens, refilled_at): what was taken (0 when the level
 -- could not cover `at_least`), what of the refund was credited, the number of the lease made
@@ -81,8 +82,11 @@ BEGIN
         refunded := LEAST(refund, burst - level);
         level := level + refunded;
     END IF;
-    IF level >= at_least THEN
-        leased := LEAST(level, at_most);
+    -- Whole multiples of the asking take's cost: a fraction left over would be a refund,
+    -- forfeited whenever another replica leased since (the usual case on a saturated bucket),
+    -- where left in the row it stays for the next take.
+    IF level >= at_least AND at_least > 0 THEN
+        leased := at_least * floor(LEAST(level, at_most) / at_least);
     END IF;
     IF leased > 0 OR refunded > 0 OR minted THEN
         UPDATE plexsphere.rate_budgets AS b
