@@ -9,7 +9,8 @@
 #   bash bench/decide.sh
 #
 # Knobs: DATABASE_ADMIN_URL (default the local cluster), SECONDS_PER_RUN (10), IN_FLIGHT (64),
-# TENANTS (100000). Needs wrk (Debian's package) for the HTTP runs; installs it when missing.
+# TENANTS (100000), LEASE_MS (100: the leased rows' PLEXSPHERE_LEASE_MS). Needs wrk (Debian's
+# package) for the HTTP runs; installs it when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,17 +45,25 @@ load=target/release/examples/decide_load
 psql -q "$admin_url" -c "DROP DATABASE IF EXISTS $database WITH (FORCE)" -c "CREATE DATABASE $database"
 DATABASE_URL="$url" "$binary" migrate >/dev/null
 
-DATABASE_URL="$url" PLEXSPHERE_OPERATOR_TOKEN=$operator \
-    PLEXSPHERE_SECRETS_KEY=ZGV2ZWxvcG1lbnQta2V5LW5ldmVyLXByb2R1Y3Rpb24= \
-    PLEXSPHERE_DECIDE_TOKENS="bench:$token" PLEXSPHERE_LISTEN=127.0.0.1:$http_port \
-    PLEXSPHERE_GRPC_LISTEN=127.0.0.1:$grpc_port RUST_LOG=warn \
-    "$binary" serve > "$work/server.log" 2>&1 &
-server_pid=$!
-for _ in $(seq 1 100); do
-    curl -fs "localhost:$http_port/readyz" >/dev/null && break
-    sleep 0.1
-done
-curl -fs "localhost:$http_port/readyz" >/dev/null || { cat "$work/server.log" >&2; exit 1; }
+# Serves with leases of $1 ms (0: none), replacing a server already running.
+serve() {
+    if [ -n "$server_pid" ]; then
+        kill "$server_pid"
+        wait "$server_pid" 2>/dev/null || true
+    fi
+    DATABASE_URL="$url" PLEXSPHERE_OPERATOR_TOKEN=$operator \
+        PLEXSPHERE_SECRETS_KEY=ZGV2ZWxvcG1lbnQta2V5LW5ldmVyLXByb2R1Y3Rpb24= \
+        PLEXSPHERE_DECIDE_TOKENS="bench:$token" PLEXSPHERE_LISTEN=127.0.0.1:$http_port \
+        PLEXSPHERE_GRPC_LISTEN=127.0.0.1:$grpc_port PLEXSPHERE_LEASE_MS="$1" RUST_LOG=warn \
+        "$binary" serve > "$work/server.log" 2>&1 &
+    server_pid=$!
+    for _ in $(seq 1 100); do
+        curl -fs "localhost:$http_port/readyz" >/dev/null && break
+        sleep 0.1
+    done
+    curl -fs "localhost:$http_port/readyz" >/dev/null || { cat "$work/server.log" >&2; exit 1; }
+}
+serve 0
 
 # Every tenant of the API has its own bucket, large enough never to refuse.
 curl -fs -X PUT "localhost:$http_port/v1/rules/bench-per-tenant" -H "Authorization: Bearer $operator" \
@@ -116,3 +125,9 @@ for workload in hot random; do
     printf '%-7s %-8s %s\n' "$workload" http "$(http_run "$wrk_tenants")"
     printf '%-7s %-8s tps %s\n' "$workload" pgbench "$(pgbench_run "$workload")"
 done
+
+# Leased rows (issue 25): the same hot tenant with PLEXSPHERE_LEASE_MS=$LEASE_MS, against the
+# coalesced rows above.
+serve "${LEASE_MS:-100}"
+printf '%-7s %-8s %s\n' hot grpc-leased "$(grpc_run hot)"
+printf '%-7s %-8s %s\n' hot http-leased "$(http_run "")"

@@ -161,7 +161,11 @@ impl Lease {
             return Ask::Wait(asking.clone());
         }
         let burst = spend.limit.burst();
-        let at_most = wanted.min(burst * MAX_SHARE).max(spend.cost).min(burst);
+        // At least a tenth of a period's refill: a bucket others do not draw down refills
+        // over a lease as fast as the rate, and a lease smaller than that would leave no room
+        // to grant from within a tenth of a period. A bucket drawn dry leases what it holds.
+        let lasting = spend.limit.per_second() * period.as_secs_f64() / 10.0;
+        let at_most = wanted.max(lasting).min(burst * MAX_SHARE).max(spend.cost).min(burst);
         // Only what may still be granted goes back; the rest the burst has no room for.
         let refund = if self.limit == Some(spend.limit) { self.usable(spend.limit, now) } else { 0.0 };
         self.held = 0.0;
@@ -175,14 +179,14 @@ impl Lease {
 
     /// The store answered the request `spend` made: a lease, whose first `spend.cost` tokens
     /// are that take's, or nothing (the level could not cover the take).
-    pub(super) fn leased(&mut self, spend: &Spend, leased: &Leased, expires: Instant) {
+    pub(super) fn leased(&mut self, spend: &Spend, leased: &Leased, instant: Instant, period: Duration) {
         self.asking = None;
         self.serial = leased.serial;
         self.row = Some(leased.row);
         self.limit = Some(spend.limit);
         if leased.leased >= spend.cost {
             self.held = leased.leased - spend.cost;
-            self.expires = Some(expires);
+            self.expires = Some(instant + period);
         } else {
             self.held = 0.0;
             self.expires = None;

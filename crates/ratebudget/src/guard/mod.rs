@@ -450,7 +450,7 @@ impl Guard {
             Some(Ok(Some(leased))) => {
                 self.observer.leased(spend.name, &leased);
                 let mut known = lock(entry);
-                known.lease.leased(spend, &leased, instant + period);
+                known.lease.leased(spend, &leased, instant, period);
                 known.fill = Some(leased.row);
                 let decision = if leased.leased >= spend.cost {
                     Decision::Granted(Grant { first: Some(leased.row), second: None, named: None })
@@ -515,7 +515,7 @@ impl Guard {
                 Ok(Ok(Some(leased))) => {
                     self.observer.leased(request.spend.name, &leased);
                     returned += leased.refunded;
-                    known.lease.leased(&request.spend, &leased, instant);
+                    known.lease.leased(&request.spend, &leased, instant, Duration::ZERO);
                     known.fill = Some(leased.row);
                 }
                 _ => known.lease.unanswered(),
