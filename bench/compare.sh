@@ -9,7 +9,7 @@
 # Knobs: DATABASE_ADMIN_URL (default the local cluster), SECONDS_PER_RUN (3), CLIENTS
 # ("1 4 16 64"), WORKLOADS ("random hot refused pair"), COMMIT_MODES ("off": the limiter
 # pool's mode; "off on" adds synchronous commits, doubling the time), COALESCED_CLIENTS
-# ("16 64 256"; "" skips the second table).
+# ("16 64 256"; "" skips the second table), LEASED_SECONDS (10; "" skips the third table).
 #
 # The second table is coalescing (docs/adr/0006): for random keys and one hot key, with
 # synchronous commit on, the store coalescing concurrent takes against the same store sending
@@ -157,4 +157,13 @@ if [ -n "$coalesced_clients" ]; then
                 "$bound" "$(echo "$bound / $theirs" | bc -l)"
         done
     done
+fi
+
+# The third table is leases (issue 25, docs/adr/0034): one hot bucket, 64 callers, in-process
+# through the library, with leases on and off (crates/ratebudget/benches/lease.rs).
+# LEASED_SECONDS (10); "" skips it.
+if [ -n "${LEASED_SECONDS-10}" ]; then
+    echo
+    cargo bench -q -p ratebudget --bench lease -- --seconds "${LEASED_SECONDS:-10}" \
+        --database-url "${admin_url%/*}/plexsphere_bench_lease"
 fi
