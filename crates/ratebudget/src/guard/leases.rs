@@ -120,16 +120,20 @@ impl Lease {
     }
 
     /// Grants `spend` at `now` (`instant` on the monotonic clock) from this lease if it can:
-    /// the row as the lease left it. Counts the take's demand either way.
+    /// the row as the lease left it. A take's first try counts its demand (`first`); one that
+    /// waited for a lease and tries again is counted already.
     pub(super) fn grant(
         &mut self,
         spend: &Spend,
         now: DateTime<Utc>,
         instant: Instant,
         period: Duration,
+        first: bool,
     ) -> Option<Fill> {
-        self.count(spend.cost, instant, period);
-        self.last_cost = spend.cost;
+        if first {
+            self.count(spend.cost, instant, period);
+            self.last_cost = spend.cost;
+        }
         // A lease is spent until its period ends, and after that for as long as the bucket
         // stays hot here: going back to the store with what is left would only forfeit it
         // (a refund is credited only to the bucket's latest lease) and lease it again.

@@ -379,7 +379,7 @@ impl Guard {
         };
         // A lease's tokens first: they are this replica's, whatever the row the pre-check
         // last learned says of the shared bucket.
-        if let Some(granted) = self.granted_from_lease(&guarded, now) {
+        if let Some(granted) = self.granted_from_lease(&guarded, now, true) {
             return Ok(granted);
         }
         if let Some(refusal) = guarded.precheck(now) {
@@ -394,7 +394,7 @@ impl Guard {
                 // Another take of this bucket asks for a lease: wait for its answer (bounded by
                 // its own decision timeout), then spend the lease, or learn what it learned.
                 let _ = asking.changed().await;
-                if let Some(granted) = self.granted_from_lease(&guarded, now) {
+                if let Some(granted) = self.granted_from_lease(&guarded, now, false) {
                     return Ok(granted);
                 }
                 if let Some(refusal) = guarded.precheck(now) {
@@ -481,11 +481,16 @@ impl Guard {
     }
 
     /// A single take of a token bucket granted from this replica's lease of it, when leases
-    /// are on and the lease covers it (counting the take's demand either way).
-    fn granted_from_lease(&self, guarded: &Guarded, now: DateTime<Utc>) -> Option<(Decision, Source)> {
+    /// are on and the lease covers it (counting the take's demand on its `first` try).
+    fn granted_from_lease(
+        &self,
+        guarded: &Guarded,
+        now: DateTime<Utc>,
+        first: bool,
+    ) -> Option<(Decision, Source)> {
         let period = self.config.lease_period?;
         let (_, spend, entry) = leasable(guarded)?;
-        let row = lock(entry).lease.grant(spend, now, Instant::now(), period)?;
+        let row = lock(entry).lease.grant(spend, now, Instant::now(), period, first)?;
         Some((Decision::Granted(Grant { first: Some(row), second: None, named: None }), Source::Lease))
     }
 
