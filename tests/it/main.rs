@@ -31,6 +31,7 @@ mod leases;
 mod migrations;
 mod named_limits;
 mod otlp_export;
+mod plans;
 mod ratebudget_store;
 mod readme;
 mod rules_api;

@@ -1,11 +1,18 @@
 //! The load of `bench/decide.sh`: Envoy's `ShouldRateLimit` against a running replica, a
-//! fixed number of calls in flight on one HTTP/2 connection (as Envoy keeps one to its rate
-//! limit service), for a number of seconds, one tenant or many; prints what it measured.
+//! fixed number of calls in flight on one HTTP/2 connection (as each of Envoy's worker threads
+//! keeps one to its rate limit service), for a number of seconds, one tenant or many; prints
+//! what it measured.
 //!
 //! ```sh
 //! cargo run --release -p app --example decide_load -- 127.0.0.1:8081 <decide token> 64 10 hot
 //! cargo run --release -p app --example decide_load -- 127.0.0.1:8081 <decide token> 64 10 100000
 //! ```
+//!
+//! It speaks gRPC on HTTP/2 itself (h2, one thread), as Envoy's client does on its own codec:
+//! it shares the machine's cores with the service it measures, and tonic's client stack on a
+//! multi-threaded runtime cost as much CPU a call as the service (BENCHMARKS.md section 8).
+//! Each call is a real `ShouldRateLimit`: protobuf request in a gRPC frame, response headers,
+//! the message, and the `grpc-status` trailer, all checked.
 
 // A load generator prints its figures; the workspace's lint is for the libraries.
 #![allow(clippy::print_stdout)]
@@ -19,11 +26,18 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use app::http::grpc::envoy::extensions::common::ratelimit::v3::{
     rate_limit_descriptor::Entry, RateLimitDescriptor,
 };
-use app::http::grpc::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use app::http::grpc::envoy::service::ratelimit::v3::{rate_limit_response::Code, RateLimitRequest};
+use app::http::grpc::envoy::service::ratelimit::v3::{
+    rate_limit_response::Code, RateLimitRequest, RateLimitResponse,
+};
+use bytes::{BufMut as _, Bytes, BytesMut};
+use prost::Message as _;
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+type Failure = Box<dyn std::error::Error + Send + Sync>;
+
+const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Failure> {
     let args: Vec<String> = std::env::args().collect();
     let [_, address, token, in_flight, seconds, tenants] = args.as_slice() else {
         return Err(
@@ -33,13 +47,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let in_flight: usize = in_flight.parse()?;
     let seconds: u64 = seconds.parse()?;
     let tenants: Option<u64> = if tenants == "hot" { None } else { Some(tenants.parse()?) };
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))?.connect().await?;
-    let bearer: tonic::metadata::MetadataValue<_> = format!("Bearer {token}").parse()?;
+    let stream = tokio::net::TcpStream::connect(address.as_str()).await?;
+    stream.set_nodelay(true)?;
+    let (client, connection) = h2::client::handshake(stream).await?;
+    let driver = tokio::spawn(connection);
+    let uri: http::Uri = format!("http://{address}{PATH}").parse()?;
+    let bearer = http::HeaderValue::try_from(format!("Bearer {token}"))?;
     let until = Instant::now() + Duration::from_secs(seconds);
     let mut tasks = Vec::new();
     for worker in 0..in_flight {
-        let mut client = RateLimitServiceClient::new(channel.clone());
-        let bearer = bearer.clone();
+        let (mut client, uri, bearer) = (client.clone(), uri.clone(), bearer.clone());
         tasks.push(tokio::spawn(async move {
             // xorshift: a tenant per call, spread evenly, without a dependency.
             let mut state = 0x9E37_79B9_7F4A_7C15_u64 ^ (worker as u64 + 1);
@@ -49,24 +66,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 state ^= state >> 7;
                 state ^= state << 17;
                 let tenant = tenants.map_or_else(|| "hot".to_owned(), |count| format!("t{}", state % count));
-                let descriptor = RateLimitDescriptor {
-                    entries: vec![
-                        Entry { key: "api".into(), value: "GET /v1/users".into() },
-                        Entry { key: "tenant".into(), value: tenant },
-                    ],
-                    ..RateLimitDescriptor::default()
-                };
-                let mut request = tonic::Request::new(RateLimitRequest {
+                let body = framed(&RateLimitRequest {
                     domain: "bench".into(),
-                    descriptors: vec![descriptor],
+                    descriptors: vec![RateLimitDescriptor {
+                        entries: vec![
+                            Entry { key: "api".into(), value: "GET /v1/users".into() },
+                            Entry { key: "tenant".into(), value: tenant },
+                        ],
+                        ..RateLimitDescriptor::default()
+                    }],
                     hits_addend: 1,
                 });
-                request.metadata_mut().insert("authorization", bearer.clone());
                 let started = Instant::now();
-                match client.should_rate_limit(request).await {
+                match call(&mut client, &uri, &bearer, body).await {
                     Ok(response) => {
                         latencies.push(started.elapsed().as_micros() as u64);
-                        if response.into_inner().overall_code == Code::OverLimit as i32 {
+                        if response.overall_code == Code::OverLimit as i32 {
                             over += 1;
                         }
                     }
@@ -83,6 +98,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         over += o;
         failed += f;
     }
+    drop(client);
+    driver.abort();
     latencies.sort_unstable();
     let at = |quantile: f64| {
         latencies
@@ -99,4 +116,52 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         failed
     );
     Ok(())
+}
+
+/// `message` as a gRPC frame: not compressed, its length, its bytes.
+fn framed(message: &RateLimitRequest) -> Bytes {
+    let length = message.encoded_len();
+    let mut frame = BytesMut::with_capacity(5 + length);
+    frame.put_u8(0);
+    frame.put_u32(u32::try_from(length).expect("a small message"));
+    message.encode(&mut frame).expect("capacity reserved");
+    frame.freeze()
+}
+
+/// One `ShouldRateLimit` call on `client`'s connection: the answer, or why there is none (an
+/// HTTP status other than 200, a `grpc-status` other than 0, a message that does not decode).
+async fn call(
+    client: &mut h2::client::SendRequest<Bytes>,
+    uri: &http::Uri,
+    bearer: &http::HeaderValue,
+    body: Bytes,
+) -> Result<RateLimitResponse, Failure> {
+    let request = http::Request::post(uri.clone())
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", bearer.clone())
+        .body(())?;
+    // Waits while the connection has as many streams open as the server allows.
+    let mut ready = client.clone().ready().await?;
+    let (response, mut send) = ready.send_request(request, false)?;
+    send.send_data(body, true)?;
+    let response = response.await?;
+    if response.status() != http::StatusCode::OK {
+        return Err(format!("HTTP {}", response.status()).into());
+    }
+    let mut body = response.into_body();
+    let mut received = BytesMut::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk?;
+        body.flow_control().release_capacity(chunk.len())?;
+        received.extend_from_slice(&chunk);
+    }
+    let status = body.trailers().await?.and_then(|trailers| trailers.get("grpc-status").cloned());
+    if status.as_ref().map(http::HeaderValue::as_bytes) != Some(b"0") {
+        return Err(format!("grpc-status {status:?}").into());
+    }
+    if received.len() < 5 || received[0] != 0 {
+        return Err("not an uncompressed gRPC message".into());
+    }
+    Ok(RateLimitResponse::decode(&received[5..])?)
 }

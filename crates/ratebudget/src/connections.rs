@@ -102,8 +102,9 @@ impl TakeConnections {
         }
         let mut connection = PgConnection::connect_with(&self.pool.connect_options()).await?;
         // Dropped (closed) on failure, so the next take connects again: after a failover,
-        // to wherever the name points by then.
-        sqlx::Executor::execute(&mut connection, REFUSE_READ_ONLY_SERVER).await?;
+        // to wherever the name points by then. Behind a transaction pooler the settings are
+        // each transaction's own instead (`Store::through_transaction_pooler`).
+        sqlx::Executor::execute(&mut connection, decision_session_opening().as_str()).await?;
         Ok(Lease {
             set: self.clone(),
             connection: Some(connection),
@@ -197,6 +198,24 @@ DO $refuse$ BEGIN
             MESSAGE = 'the database is read-only (a standby, or in recovery): not the primary to decide on';
     END IF;
 END $refuse$";
+
+/// What a take connection's session sets before its first decision: each decision statement
+/// finds its rows by key, and PostgreSQL keeps a statement's generic plan for the session, so
+/// one planned while `rate_budgets` looked empty (a fresh deployment; a table the sweep emptied
+/// and ANALYZE saw so) would read the whole table on every decision until the next ANALYZE
+/// replanned it; with sequential scans priced out, every plan looks rows up by key, whatever
+/// the statistics say (docs/adr/0035). Nothing else runs on these sessions.
+pub(crate) const DECISION_SETTINGS: &[(&str, &str)] = &[("enable_seqscan", "off")];
+
+/// A take connection's first query, in one round trip: [`REFUSE_READ_ONLY_SERVER`], then
+/// [`DECISION_SETTINGS`] for the session.
+fn decision_session_opening() -> String {
+    let mut opening = String::from(REFUSE_READ_ONLY_SERVER);
+    for (name, value) in DECISION_SETTINGS {
+        opening.push_str(&format!("; SET {name} = '{value}'"));
+    }
+    opening
+}
 
 /// `BEGIN`, a `SET LOCAL` for each of `settings`, and `DEALLOCATE ALL`, as one simple query:
 /// what opens a transaction behind a transaction pooler ([`crate::Store::through_transaction_pooler`],

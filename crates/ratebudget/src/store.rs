@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Row};
 
 use crate::batch::{self, Coalescer, Coalescing, Statement};
-use crate::connections::{transaction_begin, TakeConnections};
+use crate::connections::{transaction_begin, TakeConnections, DECISION_SETTINGS};
 use crate::error::Failure;
 use crate::named::Gcra;
 use crate::{
@@ -64,7 +64,9 @@ impl Store {
     ///
     /// Takes run on connections of the store's own, opened from the pool's connect options and
     /// at most as many as its maximum; the pool's hooks (`after_connect` and the like) do not
-    /// run on them, so put per-session settings in the connect options. They are opened only
+    /// run on them, so put per-session settings in the connect options. Each plans its
+    /// statements with sequential scans priced out, so that a plan kept from when the table
+    /// looked empty still finds rows by key (docs/adr/0035). They are opened only
     /// when takes need them, so a store that only sweeps or reads never opens one. Waiting
     /// for one is bounded by the pool's acquire timeout; the statement itself is not, so a
     /// caller that must answer in bounded time (as the HTTP service does) puts a timeout
@@ -78,13 +80,15 @@ impl Store {
     /// This store, for a pool that reaches PostgreSQL through a transaction-mode pooler
     /// (PgBouncer's `pool_mode = transaction`), which may run each transaction of a client
     /// connection on another server connection: each take runs in a transaction of its own,
-    /// opened with `settings` as `SET LOCAL`s (the pooler drops startup parameters, and a
+    /// opened with the decision settings (sequential scans priced out, as [`Store::new`]
+    /// says) and `settings` as `SET LOCAL`s (the pooler drops startup parameters, and a
     /// session setting would not follow the client), and the statements it prepared are
     /// forgotten before it commits. The pool must have sqlx's statement cache off
     /// (`statement_cache_capacity(0)`). Two more round trips a take: behind a pooler, a
     /// coalesced call pays them once for all its takes.
     pub fn through_transaction_pooler(mut self, settings: &[(&str, &str)]) -> Store {
-        self.takes = Arc::new(TakeConnections::pooled(self.pool.clone(), transaction_begin(settings)));
+        let settings: Vec<_> = DECISION_SETTINGS.iter().chain(settings).copied().collect();
+        self.takes = Arc::new(TakeConnections::pooled(self.pool.clone(), transaction_begin(&settings)));
         self.coalescer = Arc::new(Coalescer::new(self.takes.clone(), self.coalescer.coalescing()));
         self
     }

@@ -1,0 +1,182 @@
+//! A decision reads its own buckets and no others, whatever the planner believed when it
+//! planned it.
+//!
+//! PostgreSQL keeps a statement's generic plan for the life of a connection: a prepared
+//! statement's (take.sql, the lease), and those of every statement inside the decision
+//! functions (PL/pgSQL plans each once per session). One planned while `rate_budgets` looked
+//! empty (a fresh deployment; a table the sweep emptied and ANALYZE saw so) is kept after the
+//! table fills, until the next ANALYZE of it. A fresh replica's coalesced calls over distinct
+//! buckets were planned as a hash join over a sequential scan of the whole table, and read
+//! every row of it on every call: 3.7 ms a call of twenty takes once it held 50,000 rows,
+//! growing with the table, for as long as autovacuum took to analyze it (bench/decide.sh's
+//! random tenants, BENCHMARKS.md section 8).
+//!
+//! The tests plan every decision statement on one connection while the table is empty, with
+//! autovacuum off for it so that nothing replans them, fill the table, and decide again on
+//! that connection: PostgreSQL's own counters of rows read by sequential scans and of index
+//! entries read must stay below the table's size, which one scan of it would reach.
+
+use chrono::{DateTime, Duration, Utc};
+use ratebudget::{Decider, LeaseRequest, Limit, Scope, Spend, Store, Take};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+
+use crate::support::helpers::{instant, key};
+use crate::support::replicas::eventually;
+
+/// Rows in the filled table: about 1,900 heap pages, so that one scan of it reads far more
+/// than every decision of a round together.
+const FILLED: i64 = 200_000;
+
+/// A decision of every shape the store sends, each a statement of its own: a lone take
+/// (take.sql), a lone pair (the pair function), a coalesced call on one bucket, one over
+/// distinct buckets, one mixing pairs and repeats (the general batch function), and a lease.
+/// Returns the number of takes decided. Each decision must have been answered.
+async fn decide_every_shape(store: &Store, at: DateTime<Utc>) -> u64 {
+    let limit = Limit::new(1_000.0, 1_000.0).unwrap();
+    let single = |key| Take::Single(Spend::new(Scope::IngestNode, key, 1.0, limit));
+    let pair = |first, second| {
+        Take::Pair(
+            Spend::new(Scope::IngestNode, first, 1.0, limit),
+            Spend::new(Scope::IngestDomain, second, 1.0, limit),
+        )
+    };
+    let hot = key();
+    let (first, second) = (key(), key());
+    let calls: Vec<Vec<(Take, DateTime<Utc>)>> = vec![
+        vec![(single(key()), at)],
+        vec![(pair(key(), key()), at)],
+        (0..8).map(|_| (single(hot), at)).collect(),
+        (0..16).map(|_| (single(key()), at)).collect(),
+        vec![(pair(first, second), at), (single(first), at), (pair(key(), second), at), (single(key()), at)],
+    ];
+    let mut takes = 0;
+    for call in calls {
+        for decision in store.decide_all(&call).await {
+            assert!(decision.expect("every decision is answered").is_granted());
+        }
+        takes += call.len() as u64;
+    }
+    let lease = LeaseRequest {
+        spend: Spend::new(Scope::IngestNode, key(), 1.0, limit),
+        at_least: 1.0,
+        at_most: 10.0,
+        refund: 0.0,
+        refund_serial: 0,
+    };
+    assert!(store.lease(lease, at).await.expect("the lease is answered").is_some());
+    takes + 1
+}
+
+/// Rows of `rate_budgets` read by sequential scans and index entries read from its indexes,
+/// by every session of this test's database but `observer`, once they have all ended.
+async fn rows_read(observer: &PgPool) -> (i64, i64) {
+    // A backend reports its counters when it goes idle, at most once a second, and when it
+    // exits, before it leaves pg_stat_activity; the store's sessions are its own (its take
+    // connections), so wait for them to end.
+    let others = "SELECT count(*) = 0 FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()";
+    eventually(std::time::Duration::from_secs(10), "the store's sessions end", || async {
+        sqlx::query_scalar::<_, bool>(others).fetch_one(observer).await.unwrap()
+    })
+    .await;
+    sqlx::query("SELECT pg_stat_clear_snapshot()").execute(observer).await.unwrap();
+    sqlx::query_as(
+        "SELECT t.seq_tup_read, (SELECT sum(i.idx_tup_read)::bigint FROM pg_stat_user_indexes AS i WHERE i.relid = t.relid)
+         FROM pg_stat_user_tables AS t
+         WHERE t.relid = 'plexsphere.rate_budgets'::regclass",
+    )
+    .fetch_one(observer)
+    .await
+    .unwrap()
+}
+
+/// What the table looked like to the planner when a store's connection first decided, and how
+/// the store reaches the database.
+#[derive(Clone, Copy, PartialEq)]
+enum Planned {
+    /// As migrations leave it: never analyzed.
+    Fresh,
+    /// Analyzed while empty.
+    AnalyzedEmpty,
+    /// Analyzed while empty, with the store's takes each in a transaction of their own, as
+    /// behind a transaction pooler (`Store::through_transaction_pooler`).
+    AnalyzedEmptyThroughAPooler,
+}
+
+/// Plans every decision statement on one connection while the table is empty (as `planned`
+/// says), fills the table, decides once more on that connection, and returns the rows the
+/// database read by sequential scans and from its indexes: while the table was small, a few
+/// thousand at most; one scan of the filled table reads all of them.
+async fn rows_read_once_the_table_fills(
+    pool_options: PgPoolOptions,
+    connect_options: PgConnectOptions,
+    planned: Planned,
+) -> (i64, i64) {
+    let observer =
+        PgPoolOptions::new().max_connections(1).connect_with(connect_options.clone()).await.unwrap();
+    // Nothing may replan the statements while the test runs: autovacuum's ANALYZE would.
+    sqlx::query("ALTER TABLE plexsphere.rate_budgets SET (autovacuum_enabled = false)")
+        .execute(&observer)
+        .await
+        .unwrap();
+    if planned != Planned::Fresh {
+        sqlx::query("ANALYZE plexsphere.rate_budgets").execute(&observer).await.unwrap();
+    }
+    let store = if planned == Planned::AnalyzedEmptyThroughAPooler {
+        let pool = pool_options.max_connections(1).connect_with(connect_options.statement_cache_capacity(0));
+        Store::new(pool.await.unwrap()).through_transaction_pooler(&[])
+    } else {
+        Store::new(pool_options.max_connections(1).connect_with(connect_options).await.unwrap())
+    };
+    // A prepared statement is planned for its arguments five times before PostgreSQL settles
+    // on its generic plan: plan every shape past that.
+    for round in 0..6 {
+        decide_every_shape(&store, instant() + Duration::seconds(round)).await;
+    }
+    sqlx::query(
+        "INSERT INTO plexsphere.rate_budgets (scope, bucket_key, tokens, refilled_at)
+         SELECT 'ingest_node', gen_random_uuid(), 1, now() FROM generate_series(1, $1)",
+    )
+    .bind(FILLED)
+    .execute(&observer)
+    .await
+    .unwrap();
+    decide_every_shape(&store, instant() + Duration::seconds(10)).await;
+    store.close().await;
+    rows_read(&observer).await
+}
+
+async fn assert_only_their_rows_read(
+    pool_options: PgPoolOptions,
+    connect_options: PgConnectOptions,
+    planned: Planned,
+) {
+    let (scanned, index_entries) =
+        rows_read_once_the_table_fills(pool_options, connect_options, planned).await;
+    assert!(scanned < FILLED, "{scanned} rows read by sequential scans: a decision scanned the table");
+    assert!(index_entries < FILLED, "{index_entries} index entries read: a decision read a whole index");
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn decisions_planned_on_a_fresh_table_read_only_their_rows_once_it_fills(
+    pool_options: PgPoolOptions,
+    connect_options: PgConnectOptions,
+) {
+    assert_only_their_rows_read(pool_options, connect_options, Planned::Fresh).await;
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn decisions_planned_on_a_table_analyzed_empty_read_only_their_rows_once_it_fills(
+    pool_options: PgPoolOptions,
+    connect_options: PgConnectOptions,
+) {
+    assert_only_their_rows_read(pool_options, connect_options, Planned::AnalyzedEmpty).await;
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn decisions_through_a_transaction_pooler_read_only_their_rows_once_the_table_fills(
+    pool_options: PgPoolOptions,
+    connect_options: PgConnectOptions,
+) {
+    assert_only_their_rows_read(pool_options, connect_options, Planned::AnalyzedEmptyThroughAPooler).await;
+}
