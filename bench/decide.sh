@@ -4,7 +4,7 @@
 # hot tenant and for 100,000 random tenants, against pgbench's single-statement take at 64
 # clients on the same database in the same run (PostgreSQL's one-statement-per-decision
 # ceiling). A release build of the binary serves; the rule admits everything, so what is
-# measured is deciding, not refusing.
+# measured is deciding, not refusing. Last, the floor: the same gRPC stack deciding nothing.
 #
 #   bash bench/decide.sh
 #
@@ -26,7 +26,12 @@ operator=bench-operator-token-0123456789
 token=bench-decide-token-0123456789
 work=$(mktemp -d)
 server_pid=
+floor_pid=
 cleanup() {
+    if [ -n "$floor_pid" ]; then
+        kill "$floor_pid" 2>/dev/null || true
+        wait "$floor_pid" 2>/dev/null || true
+    fi
     if [ -n "$server_pid" ]; then
         kill "$server_pid" 2>/dev/null || true
         wait "$server_pid" 2>/dev/null || true
@@ -38,7 +43,7 @@ trap cleanup EXIT
 command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >&2; }
 
 echo "building (release)..." >&2
-cargo build -q --release -p app --bin plexsphere --example decide_load
+cargo build -q --release -p app --bin plexsphere --example decide_load --example grpc_floor
 binary=target/release/plexsphere
 load=target/release/examples/decide_load
 
@@ -70,7 +75,7 @@ curl -fs -X PUT "localhost:$http_port/v1/rules/bench-per-tenant" -H "Authorizati
     -d '{"service": "bench", "api": "GET /v1/users", "selector": {"tenant": "*"}, "rate": 1e9, "burst": 1e9}' >/dev/null
 
 grpc_run() {
-    "$load" "127.0.0.1:$grpc_port" "$token" "$in_flight" "$seconds" "$1"
+    "$load" "127.0.0.1:${2:-$grpc_port}" "$token" "$in_flight" "$seconds" "$1"
 }
 
 # wrk posts the same request as JSON, a tenant per request.
@@ -131,3 +136,15 @@ done
 serve "${LEASE_MS:-100}"
 printf '%-7s %-8s %s\n' hot grpc-leased "$(grpc_run hot)"
 printf '%-7s %-8s %s\n' hot http-leased "$(http_run "")"
+
+# The floor (crates/app/examples/grpc_floor.rs): the same gRPC stack answering a fixed response
+# and deciding nothing, through the same load generator: the most any decision path reaches
+# here.
+floor_port=18082
+target/release/examples/grpc_floor "127.0.0.1:$floor_port" > "$work/floor.log" 2>&1 &
+floor_pid=$!
+for _ in $(seq 1 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$floor_port") 2>/dev/null && break
+    sleep 0.1
+done
+printf '%-7s %-8s %s\n' hot grpc-floor "$(grpc_run hot "$floor_port")"
