@@ -17,7 +17,9 @@
 //! entries read must stay below the table's size, which one scan of it would reach.
 
 use chrono::{DateTime, Duration, Utc};
-use ratebudget::{Decider, LeaseRequest, Limit, Scope, Spend, Store, Take};
+use ratebudget::{
+    Decider, Enforcement, LeaseRequest, Limit, LimiterName, NamedKey, NamedSpend, Scope, Spend, Store, Take,
+};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
@@ -28,9 +30,13 @@ use crate::support::replicas::eventually;
 /// than every decision of a round together.
 const FILLED: i64 = 200_000;
 
+/// The tables decisions read: token buckets, and named (GCRA) limiters' cells.
+const TABLES: [&str; 2] = ["plexsphere.rate_budgets", "plexsphere.named_limits"];
+
 /// A decision of every shape the store sends, each a statement of its own: a lone take
 /// (take.sql), a lone pair (the pair function), a coalesced call on one bucket, one over
-/// distinct buckets, one mixing pairs and repeats (the general batch function), and a lease.
+/// distinct buckets, one mixing pairs and repeats (the general batch function), a named
+/// limiter's take (decide_named.sql, on `named_limits`), and a lease.
 /// Returns the number of takes decided. Each decision must have been answered.
 async fn decide_every_shape(store: &Store, at: DateTime<Utc>) -> u64 {
     let limit = Limit::new(1_000.0, 1_000.0).unwrap();
@@ -41,6 +47,16 @@ async fn decide_every_shape(store: &Store, at: DateTime<Utc>) -> u64 {
             Spend::new(Scope::IngestDomain, second, 1.0, limit),
         )
     };
+    let login_attempt = LimiterName::new("login_attempt").unwrap();
+    let named = |key: &[u8]| {
+        Take::Named(NamedSpend {
+            limiter: login_attempt,
+            key: NamedKey::of(login_attempt, key),
+            cells: 1,
+            limit,
+            enforcement: Enforcement::STRICT,
+        })
+    };
     let hot = key();
     let (first, second) = (key(), key());
     let calls: Vec<Vec<(Take, DateTime<Utc>)>> = vec![
@@ -49,6 +65,7 @@ async fn decide_every_shape(store: &Store, at: DateTime<Utc>) -> u64 {
         (0..8).map(|_| (single(hot), at)).collect(),
         (0..16).map(|_| (single(key()), at)).collect(),
         vec![(pair(first, second), at), (single(first), at), (pair(key(), second), at), (single(key()), at)],
+        vec![(named(uuid::Uuid::new_v4().as_bytes()), at)],
     ];
     let mut takes = 0;
     for call in calls {
@@ -68,8 +85,9 @@ async fn decide_every_shape(store: &Store, at: DateTime<Utc>) -> u64 {
     takes + 1
 }
 
-/// Rows of `rate_budgets` read by sequential scans and index entries read from its indexes,
-/// by every session of this test's database but `observer`, once they have all ended.
+/// Rows of `rate_budgets` and `named_limits` read by sequential scans and index entries read
+/// from their indexes, by every session of this test's database but `observer`, once they
+/// have all ended.
 async fn rows_read(observer: &PgPool) -> (i64, i64) {
     // A backend reports its counters when it goes idle, at most once a second, and when it
     // exits, before it leaves pg_stat_activity; the store's sessions are its own (its take
@@ -81,10 +99,13 @@ async fn rows_read(observer: &PgPool) -> (i64, i64) {
     .await;
     sqlx::query("SELECT pg_stat_clear_snapshot()").execute(observer).await.unwrap();
     sqlx::query_as(
-        "SELECT t.seq_tup_read, (SELECT sum(i.idx_tup_read)::bigint FROM pg_stat_user_indexes AS i WHERE i.relid = t.relid)
+        "SELECT sum(t.seq_tup_read)::bigint,
+                (SELECT sum(i.idx_tup_read)::bigint FROM pg_stat_user_indexes AS i WHERE i.relid IN ($1::regclass, $2::regclass))
          FROM pg_stat_user_tables AS t
-         WHERE t.relid = 'plexsphere.rate_budgets'::regclass",
+         WHERE t.relid IN ($1::regclass, $2::regclass)",
     )
+    .bind(TABLES[0])
+    .bind(TABLES[1])
     .fetch_one(observer)
     .await
     .unwrap()
@@ -114,13 +135,15 @@ async fn rows_read_once_the_table_fills(
 ) -> (i64, i64) {
     let observer =
         PgPoolOptions::new().max_connections(1).connect_with(connect_options.clone()).await.unwrap();
-    // Nothing may replan the statements while the test runs: autovacuum's ANALYZE would.
-    sqlx::query("ALTER TABLE plexsphere.rate_budgets SET (autovacuum_enabled = false)")
-        .execute(&observer)
-        .await
-        .unwrap();
-    if planned != Planned::Fresh {
-        sqlx::query("ANALYZE plexsphere.rate_budgets").execute(&observer).await.unwrap();
+    for table in TABLES {
+        // Nothing may replan the statements while the test runs: autovacuum's ANALYZE would.
+        sqlx::query(&format!("ALTER TABLE {table} SET (autovacuum_enabled = false)"))
+            .execute(&observer)
+            .await
+            .unwrap();
+        if planned != Planned::Fresh {
+            sqlx::query(&format!("ANALYZE {table}")).execute(&observer).await.unwrap();
+        }
     }
     let store = if planned == Planned::AnalyzedEmptyThroughAPooler {
         let pool = pool_options.max_connections(1).connect_with(connect_options.statement_cache_capacity(0));
@@ -136,6 +159,14 @@ async fn rows_read_once_the_table_fills(
     sqlx::query(
         "INSERT INTO plexsphere.rate_budgets (scope, bucket_key, tokens, refilled_at)
          SELECT 'ingest_node', gen_random_uuid(), 1, now() FROM generate_series(1, $1)",
+    )
+    .bind(FILLED)
+    .execute(&observer)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO plexsphere.named_limits (limiter, key_hash, tat_us)
+         SELECT 'login_attempt', decode(md5(i::text) || md5((-i)::text), 'hex'), 0 FROM generate_series(1, $1) AS i",
     )
     .bind(FILLED)
     .execute(&observer)
