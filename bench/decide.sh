@@ -75,7 +75,16 @@ curl -fs -X PUT "localhost:$http_port/v1/rules/bench-per-tenant" -H "Authorizati
     -d '{"service": "bench", "api": "GET /v1/users", "selector": {"tenant": "*"}, "rate": 1e9, "burst": 1e9}' >/dev/null
 
 grpc_run() {
-    "$load" "127.0.0.1:${2:-$grpc_port}" "$token" "$in_flight" "$seconds" "$1"
+    "$load" "127.0.0.1:${2:-$grpc_port}" "$token" "$in_flight" "$seconds" "$1" 2>&1
+}
+
+# Prints a row of figures: the workload, how it was sent, and what the command after them
+# printed. A run whose calls failed stops the benchmark: its figures would leave them out.
+row() {
+    local workload=$1 via=$2 out
+    shift 2
+    out=$("$@") || { echo "$workload $via: $out" >&2; exit 1; }
+    printf '%-7s %-8s %s\n' "$workload" "$via" "$out"
 }
 
 # wrk posts the same request as JSON, a tenant per request.
@@ -126,25 +135,28 @@ printf '%-7s %-8s %s\n' workload via figures
 for workload in hot random; do
     arg=$([ "$workload" = hot ] && echo hot || echo "$tenants")
     wrk_tenants=$([ "$workload" = hot ] && echo "" || echo "$tenants")
-    printf '%-7s %-8s %s\n' "$workload" grpc "$(grpc_run "$arg")"
-    printf '%-7s %-8s %s\n' "$workload" http "$(http_run "$wrk_tenants")"
+    row "$workload" grpc grpc_run "$arg"
+    row "$workload" http http_run "$wrk_tenants"
     printf '%-7s %-8s tps %s\n' "$workload" pgbench "$(pgbench_run "$workload")"
 done
 
 # Leased rows (issue 25): the same hot tenant with PLEXSPHERE_LEASE_MS=$LEASE_MS, against the
 # coalesced rows above.
 serve "${LEASE_MS:-100}"
-printf '%-7s %-8s %s\n' hot grpc-leased "$(grpc_run hot)"
-printf '%-7s %-8s %s\n' hot http-leased "$(http_run "")"
+row hot grpc-leased grpc_run hot
+row hot http-leased http_run ""
 
 # The floor (crates/app/examples/grpc_floor.rs): the same gRPC stack answering a fixed response
 # and deciding nothing, through the same load generator: the most any decision path reaches
 # here.
 floor_port=18082
+kill "$server_pid"
+wait "$server_pid" 2>/dev/null || true
+server_pid=
 target/release/examples/grpc_floor "127.0.0.1:$floor_port" > "$work/floor.log" 2>&1 &
 floor_pid=$!
 for _ in $(seq 1 100); do
     (exec 3<>"/dev/tcp/127.0.0.1/$floor_port") 2>/dev/null && break
     sleep 0.1
 done
-printf '%-7s %-8s %s\n' hot grpc-floor "$(grpc_run hot "$floor_port")"
+row hot grpc-floor grpc_run hot "$floor_port"

@@ -8,6 +8,9 @@
 //! cargo run --release -p app --example decide_load -- 127.0.0.1:8081 <decide token> 64 10 100000
 //! ```
 //!
+//! `CONNECTIONS=N` spreads the calls over N connections, as an Envoy with N workers would.
+//! It exits with an error when any call failed, after printing the figures of the others.
+//!
 //! It speaks gRPC on HTTP/2 itself (h2, one thread), as Envoy's client does on its own codec:
 //! it shares the machine's cores with the service it measures, and tonic's client stack on a
 //! multi-threaded runtime cost as much CPU a call as the service (BENCHMARKS.md section 8).
@@ -47,16 +50,23 @@ async fn main() -> Result<(), Failure> {
     let in_flight: usize = in_flight.parse()?;
     let seconds: u64 = seconds.parse()?;
     let tenants: Option<u64> = if tenants == "hot" { None } else { Some(tenants.parse()?) };
-    let stream = tokio::net::TcpStream::connect(address.as_str()).await?;
-    stream.set_nodelay(true)?;
-    let (client, connection) = h2::client::handshake(stream).await?;
-    let driver = tokio::spawn(connection);
+    // One connection unless told otherwise: an Envoy keeps one per worker thread.
+    let connections: usize = std::env::var("CONNECTIONS").map_or(Ok(1), |count| count.parse())?;
+    let (mut clients, mut drivers) = (Vec::new(), Vec::new());
+    for _ in 0..connections.max(1) {
+        let stream = tokio::net::TcpStream::connect(address.as_str()).await?;
+        stream.set_nodelay(true)?;
+        let (client, connection) = h2::client::handshake(stream).await?;
+        clients.push(client);
+        drivers.push(tokio::spawn(connection));
+    }
     let uri: http::Uri = format!("http://{address}{PATH}").parse()?;
     let bearer = http::HeaderValue::try_from(format!("Bearer {token}"))?;
     let until = Instant::now() + Duration::from_secs(seconds);
     let mut tasks = Vec::new();
     for worker in 0..in_flight {
-        let (mut client, uri, bearer) = (client.clone(), uri.clone(), bearer.clone());
+        let (mut client, uri, bearer) =
+            (clients[worker % clients.len()].clone(), uri.clone(), bearer.clone());
         tasks.push(tokio::spawn(async move {
             // xorshift: a tenant per call, spread evenly, without a dependency.
             let mut state = 0x9E37_79B9_7F4A_7C15_u64 ^ (worker as u64 + 1);
@@ -98,8 +108,8 @@ async fn main() -> Result<(), Failure> {
         over += o;
         failed += f;
     }
-    drop(client);
-    driver.abort();
+    drop(clients);
+    drivers.iter().for_each(tokio::task::JoinHandle::abort);
     latencies.sort_unstable();
     let at = |quantile: f64| {
         latencies
@@ -115,6 +125,9 @@ async fn main() -> Result<(), Failure> {
         over,
         failed
     );
+    if failed > 0 {
+        return Err(format!("{failed} calls failed: the figures above leave them out").into());
+    }
     Ok(())
 }
 
@@ -141,13 +154,16 @@ async fn call(
         .header("te", "trailers")
         .header("authorization", bearer.clone())
         .body(())?;
-    // Waits while the connection has as many streams open as the server allows.
-    let mut ready = client.clone().ready().await?;
-    let (response, mut send) = ready.send_request(request, false)?;
+    // Each task has one call in flight, fewer in all than the streams the server allows.
+    let (response, mut send) = client.send_request(request, false)?;
     send.send_data(body, true)?;
     let response = response.await?;
     if response.status() != http::StatusCode::OK {
         return Err(format!("HTTP {}", response.status()).into());
+    }
+    // An error is answered in the headers alone ("trailers-only").
+    if let Some(status) = response.headers().get("grpc-status").filter(|status| status.as_bytes() != b"0") {
+        return Err(format!("grpc-status {status:?}").into());
     }
     let mut body = response.into_body();
     let mut received = BytesMut::new();

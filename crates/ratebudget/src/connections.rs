@@ -102,9 +102,14 @@ impl TakeConnections {
         }
         let mut connection = PgConnection::connect_with(&self.pool.connect_options()).await?;
         // Dropped (closed) on failure, so the next take connects again: after a failover,
-        // to wherever the name points by then. Behind a transaction pooler the settings are
-        // each transaction's own instead (`Store::through_transaction_pooler`).
-        sqlx::Executor::execute(&mut connection, decision_session_opening().as_str()).await?;
+        // to wherever the name points by then. Behind a transaction pooler a session setting
+        // would stay on whichever server connection ran it, for the pooler's other clients:
+        // there the settings are each transaction's own (`Store::through_transaction_pooler`).
+        let opening = match self.pooled {
+            Some(_) => REFUSE_READ_ONLY_SERVER.to_owned(),
+            None => decision_session_opening(),
+        };
+        sqlx::Executor::execute(&mut connection, opening.as_str()).await?;
         Ok(Lease {
             set: self.clone(),
             connection: Some(connection),
@@ -203,8 +208,10 @@ END $refuse$";
 /// finds its rows by key, and PostgreSQL keeps a statement's generic plan for the session, so
 /// one planned while `rate_budgets` looked empty (a fresh deployment; a table the sweep emptied
 /// and ANALYZE saw so) would read the whole table on every decision until the next ANALYZE
-/// replanned it; with sequential scans priced out, every plan looks rows up by key, whatever
-/// the statistics say (docs/adr/0035). Nothing else runs on these sessions.
+/// replanned it. With sequential scans priced out, the plans PostgreSQL 15 makes of every
+/// decision statement look rows up by key on an empty table too (`tests/it/plans.rs` checks
+/// each; docs/adr/0035). Nothing else runs on these sessions. Behind a transaction pooler
+/// they are each transaction's first `SET LOCAL`s, so a caller's own settings come after.
 pub(crate) const DECISION_SETTINGS: &[(&str, &str)] = &[("enable_seqscan", "off")];
 
 /// A take connection's first query, in one round trip: [`REFUSE_READ_ONLY_SERVER`], then
