@@ -8,7 +8,7 @@ use std::time::Duration as StdDuration;
 
 use chrono::{DateTime, Duration, Utc};
 use ratebudget::{
-    Decider, Decision, Guard, LeaseRequest, Leased, Limit, Name, Observer, Source, Spend, Store, Take,
+    Decider, Decision, Guard, Key, LeaseRequest, Leased, Limit, Name, Observer, Source, Spend, Store, Take,
     Undecided,
 };
 use sqlx::PgPool;
@@ -219,4 +219,55 @@ async fn a_reset_or_a_changed_limit_ends_a_replicas_lease_at_once(pool: PgPool) 
     let lowered = Spend { limit: Limit::new(10.0, 10.0).unwrap(), ..spend };
     guard.decide(Take::Single(lowered), now).await.unwrap();
     assert_eq!(observer.leased_grants.load(Ordering::Relaxed), leased);
+}
+
+/// A lease of a bucket that cooled goes back at the next return, once, and the bucket holds
+/// what was not granted from it; a lease the pre-check forgot (a reset) is not given back.
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_cooled_buckets_lease_goes_back_once_and_a_forgotten_one_not_at_all(pool: PgPool) {
+    let period = StdDuration::from_millis(500);
+    let guard = leasing_guard(&pool, Arc::new(Leasing::default()), period);
+    // 1,000 a second: a lease asks for at least a tenth of a period's refill, 50 tokens, at
+    // most a quarter of the burst.
+    let limit = Limit::new(1000.0, 1000.0).unwrap();
+    let now = instant();
+    let tokens = |key: Key| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, f64>("SELECT tokens FROM plexsphere.rate_budgets WHERE bucket_key = $1")
+                .bind(key.as_uuid())
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let (cooling, forgotten) = (key(), key());
+    for bucket in [cooling, forgotten] {
+        let spend = Spend::new(Name::new("returned").unwrap(), bucket, 1.0, limit);
+        // The first take goes to the store; the second finds the bucket hot and leases 50,
+        // one of them its own; the third is granted from the lease.
+        for _ in 0..3 {
+            assert!(guard.decide(Take::Single(spend), now).await.unwrap().is_granted());
+        }
+        assert_eq!(tokens(bucket).await, 1000.0 - 1.0 - 50.0);
+    }
+    assert_eq!(guard.leased_buckets().len(), 2);
+    guard.forget(Name::new("returned").unwrap(), forgotten);
+
+    // Nothing goes back while the lease lasts: ask until the cooled one's period is over.
+    let returned = std::cell::Cell::new(0.0);
+    crate::support::replicas::eventually(
+        StdDuration::from_secs(10),
+        "the cooled lease goes back",
+        || async {
+            returned.set(guard.return_leases(now).await);
+            returned.get() > 0.0
+        },
+    )
+    .await;
+    assert_eq!(returned.get(), 48.0, "what the lease did not grant");
+    assert_eq!(tokens(cooling).await, 1000.0 - 3.0, "the bucket less the three grants");
+    assert_eq!(tokens(forgotten).await, 1000.0 - 1.0 - 50.0, "a forgotten lease is forfeited");
+    assert!(guard.leased_buckets().is_empty());
+    assert_eq!(guard.return_leases(now).await, 0.0, "a lease goes back once");
 }

@@ -199,6 +199,7 @@ impl GuardBuilder {
             config: self.config,
             observer: self.observer,
             known,
+            leasing: Mutex::new(HashMap::new()),
             fallback,
             circuit: Mutex::new(Circuit::Closed { failures: 0 }),
             warned: Mutex::new(HashMap::new()),
@@ -267,6 +268,11 @@ pub struct Guard {
     config: GuardConfig,
     observer: Arc<dyn Observer>,
     known: quick_cache::sync::Cache<BucketId, Arc<Mutex<Known>>>,
+    /// The entries of `known` that may hold a lease: what the lease return and the operator's
+    /// list walk, rather than every bucket the pre-check remembers. An entry `known` no
+    /// longer has (a reset, a changed rule, eviction) took its lease with it and is dropped
+    /// here at the next return. Locked before an entry, never while one is.
+    leasing: Mutex<HashMap<BucketId, Arc<Mutex<Known>>>>,
     fallback: Fallback,
     circuit: Mutex<Circuit>,
     /// When a budget (or limiter) deciding without the store last said so, per fail mode.
@@ -449,9 +455,15 @@ impl Guard {
         match answer {
             Some(Ok(Some(leased))) => {
                 self.observer.leased(spend.name, &leased);
-                let mut known = lock(entry);
-                known.lease.leased(spend, &leased, instant, period);
-                known.fill = Some(leased.row);
+                let holds = {
+                    let mut known = lock(entry);
+                    known.lease.leased(spend, &leased, instant, period);
+                    known.fill = Some(leased.row);
+                    known.lease.held() > 0.0
+                };
+                if holds {
+                    lock(&self.leasing).insert(BucketId::Budget(spend.name, spend.key), entry.clone());
+                }
                 let decision = if leased.leased >= spend.cost {
                     Decision::Granted(Grant { first: Some(leased.row), second: None, named: None })
                 } else {
@@ -501,17 +513,20 @@ impl Guard {
         let Some(period) = self.config.lease_period else { return 0.0 };
         let instant = Instant::now();
         let mut returned = 0.0;
-        let due: Vec<_> = self
-            .known
-            .iter()
-            .filter_map(|(id, entry)| match id {
-                BucketId::Budget(name, key) => {
-                    let request = lock(&entry).lease.take_back(name, key, instant, now, period)?;
-                    Some((request, entry))
-                }
-                BucketId::Named(..) => None,
-            })
-            .collect();
+        let mut due = Vec::new();
+        for (id, entry) in self.leasing_entries() {
+            let BucketId::Budget(name, key) = id else { continue };
+            if let Some(request) = lock(&entry).lease.take_back(name, key, instant, now, period) {
+                due.push((request, entry.clone()));
+            }
+            // Whatever it held is going back or spent: a lease taken meanwhile registers again.
+            let mut leasing = lock(&self.leasing);
+            if leasing.get(&id).is_some_and(|registered| Arc::ptr_eq(registered, &entry))
+                && lock(&entry).lease.held() <= 0.0
+            {
+                leasing.remove(&id);
+            }
+        }
         for (request, entry) in due {
             let answer =
                 tokio::time::timeout(self.config.decision_timeout, self.inner.lease(request, now)).await;
@@ -531,8 +546,8 @@ impl Guard {
 
     /// The buckets this replica holds leased tokens of: (budget, key, tokens not granted).
     pub fn leased_buckets(&self) -> Vec<(Name, Key, f64)> {
-        self.known
-            .iter()
+        self.leasing_entries()
+            .into_iter()
             .filter_map(|(id, entry)| match id {
                 BucketId::Budget(name, key) => {
                     let held = lock(&entry).lease.held();
@@ -541,6 +556,14 @@ impl Guard {
                 BucketId::Named(..) => None,
             })
             .collect()
+    }
+
+    /// The entries that may hold a lease and are still the pre-check's; those it dropped are
+    /// forgotten here too, their leases forfeited with them.
+    fn leasing_entries(&self) -> Vec<(BucketId, Arc<Mutex<Known>>)> {
+        let mut leasing = lock(&self.leasing);
+        leasing.retain(|id, entry| self.known.get(id).is_some_and(|known| Arc::ptr_eq(&known, entry)));
+        leasing.iter().map(|(id, entry)| (*id, entry.clone())).collect()
     }
 
     /// The fallback cannot remember another bucket: the take is not decided, as if it failed
