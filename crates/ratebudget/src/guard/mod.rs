@@ -262,6 +262,9 @@ impl Observer for Unobserved {
     fn store_failing(&self, _: bool) {}
 }
 
+/// A bucket's pre-check entry, shared by the takes that meet it.
+type Entry = Arc<Mutex<Known>>;
+
 /// The pre-check, fallback and circuit in front of a shared store. Cheap to share (`Arc`).
 pub struct Guard {
     inner: Arc<dyn Decider>,
@@ -272,7 +275,7 @@ pub struct Guard {
     /// list walk, rather than every bucket the pre-check remembers. An entry `known` no
     /// longer has (a reset, a changed rule, eviction) took its lease with it and is dropped
     /// here at the next return. Locked before an entry, never while one is.
-    leasing: Mutex<HashMap<BucketId, Arc<Mutex<Known>>>>,
+    leasing: Mutex<HashMap<(Name, Key), Entry>>,
     fallback: Fallback,
     circuit: Mutex<Circuit>,
     /// When a budget (or limiter) deciding without the store last said so, per fail mode.
@@ -462,7 +465,7 @@ impl Guard {
                     known.lease.held() > 0.0
                 };
                 if holds {
-                    lock(&self.leasing).insert(BucketId::Budget(spend.name, spend.key), entry.clone());
+                    lock(&self.leasing).insert((spend.name, spend.key), entry.clone());
                 }
                 let decision = if leased.leased >= spend.cost {
                     Decision::Granted(Grant { first: Some(leased.row), second: None, named: None })
@@ -514,17 +517,16 @@ impl Guard {
         let instant = Instant::now();
         let mut returned = 0.0;
         let mut due = Vec::new();
-        for (id, entry) in self.leasing_entries() {
-            let BucketId::Budget(name, key) = id else { continue };
+        for ((name, key), entry) in self.leasing_entries() {
             if let Some(request) = lock(&entry).lease.take_back(name, key, instant, now, period) {
                 due.push((request, entry.clone()));
             }
             // Whatever it held is going back or spent: a lease taken meanwhile registers again.
             let mut leasing = lock(&self.leasing);
-            if leasing.get(&id).is_some_and(|registered| Arc::ptr_eq(registered, &entry))
+            if leasing.get(&(name, key)).is_some_and(|registered| Arc::ptr_eq(registered, &entry))
                 && lock(&entry).lease.held() <= 0.0
             {
-                leasing.remove(&id);
+                leasing.remove(&(name, key));
             }
         }
         for (request, entry) in due {
@@ -548,21 +550,20 @@ impl Guard {
     pub fn leased_buckets(&self) -> Vec<(Name, Key, f64)> {
         self.leasing_entries()
             .into_iter()
-            .filter_map(|(id, entry)| match id {
-                BucketId::Budget(name, key) => {
-                    let held = lock(&entry).lease.held();
-                    (held > 0.0).then_some((name, key, held))
-                }
-                BucketId::Named(..) => None,
+            .filter_map(|((name, key), entry)| {
+                let held = lock(&entry).lease.held();
+                (held > 0.0).then_some((name, key, held))
             })
             .collect()
     }
 
     /// The entries that may hold a lease and are still the pre-check's; those it dropped are
     /// forgotten here too, their leases forfeited with them.
-    fn leasing_entries(&self) -> Vec<(BucketId, Arc<Mutex<Known>>)> {
+    fn leasing_entries(&self) -> Vec<((Name, Key), Entry)> {
         let mut leasing = lock(&self.leasing);
-        leasing.retain(|id, entry| self.known.get(id).is_some_and(|known| Arc::ptr_eq(&known, entry)));
+        leasing.retain(|&(name, key), entry| {
+            self.known.get(&BucketId::Budget(name, key)).is_some_and(|known| Arc::ptr_eq(&known, entry))
+        });
         leasing.iter().map(|(id, entry)| (*id, entry.clone())).collect()
     }
 
