@@ -515,6 +515,54 @@ async fn a_bucket_swept_while_its_call_waits_is_minted_afresh(pool: PgPool) {
     assert_eq!(tokens, 7.0);
 }
 
+/// The same for a call of distinct buckets, which grants through one UPDATE of the rows that
+/// exist first: the sweep deletes one bucket's row while that UPDATE waits for its lock, the
+/// UPDATE finds no row to grant from, and the call mints the bucket afresh instead of refusing
+/// its take; the other bucket is debited once.
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_bucket_swept_while_a_call_of_distinct_buckets_waits_is_minted_afresh(pool: PgPool) {
+    let store = Store::new(pool.clone());
+    let limit = Limit::new(1.0, 10.0).unwrap();
+    let (kept, swept) = (key(), key());
+    let take = move |bucket| Take::Single(Spend::new(Scope::IngestNode, bucket, 1.0, limit));
+    // Both rows down to one token.
+    let spend_nine: Vec<_> =
+        (0..9).flat_map(|_| [(take(kept), instant()), (take(swept), instant())]).collect();
+    assert!(store
+        .decide_all(&spend_nine)
+        .await
+        .iter()
+        .all(|decision| decision.as_ref().unwrap().is_granted()));
+
+    let mut sweeper = pool.begin().await.unwrap();
+    sqlx::query("DELETE FROM plexsphere.rate_budgets WHERE bucket_key = $1")
+        .bind(swept.as_uuid())
+        .execute(&mut *sweeper)
+        .await
+        .unwrap();
+    let call = tokio::spawn({
+        let store = store.clone();
+        async move { store.decide_all(&[(take(kept), instant()), (take(swept), instant())]).await }
+    });
+    sessions_wait_on_a_lock(&pool, 1).await;
+    sweeper.commit().await.unwrap();
+
+    let decisions = call.await.unwrap();
+    assert!(decisions.iter().all(|decision| decision.as_ref().unwrap().is_granted()), "{decisions:?}");
+    let tokens = |bucket: Key| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, f64>("SELECT tokens FROM plexsphere.rate_budgets WHERE bucket_key = $1")
+                .bind(bucket.as_uuid())
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(tokens(kept).await, 0.0, "the kept bucket's last token, granted once");
+    assert_eq!(tokens(swept).await, 9.0, "the swept bucket, minted full and debited");
+}
+
 #[sqlx::test(migrator = "app::MIGRATOR")]
 async fn a_take_later_in_a_call_at_an_earlier_instant_is_not_foreseen_short(pool: PgPool) {
     // Issue 20, item 3. The general function foresaw a take refused when the snapshot could

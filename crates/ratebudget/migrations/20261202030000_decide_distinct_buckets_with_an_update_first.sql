@@ -1,0 +1,6 @@
+-- Distinct-bucket calls grant through one ordered UPDATE first (ratebudget crate): when every
+-- take of the call is granted, as for callers spread over many buckets, that UPDATE is the whole
+-- call, one index probe and one row version a take instead of the guarded upsert's two probes
+-- and a row lock. The takes it does not grant go through the guarded upsert as before. The
+-- function's text says why each step is safe.
+--! include functions/decide_rate_budget_batch_of_distinct_buckets.sql
