@@ -616,13 +616,22 @@ async fn three_leasing_replicas_saturating_a_hot_tenant_stay_within_its_budget_a
     let started = std::time::Instant::now();
     let run = Duration::from_secs(3);
     let request = http_one(&[USERS, ("tenant", "hot")], 1);
-    let callers: Vec<_> = (0..48)
+    // The offered load: four times the rule's rate, spread over the callers, each sending on a
+    // fixed schedule (an open loop, as a proxy's clients are). That saturates the bucket, and
+    // it leaves the replicas their CPU: callers sending back to back as fast as refusals come
+    // back starved the replicas' lease work on this 2-core
+    // machine and so measured the CPU the test itself took, not the leases.
+    let callers_count = 48;
+    let every = Duration::from_secs_f64(callers_count as f64 / (4.0 * rate));
+    let callers: Vec<_> = (0..callers_count)
         .map(|caller| {
             let replica = (*replicas[caller % 3]).clone();
             let request = request.clone();
             tokio::spawn(async move {
                 let mut admitted = Vec::new();
+                let mut schedule = tokio::time::interval(every);
                 while started.elapsed() < run {
+                    schedule.tick().await;
                     let sent = started.elapsed().as_secs_f64();
                     let answer = http_decide(&replica, &request).await;
                     assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
