@@ -371,8 +371,9 @@ async fn a_caller_that_stops_waiting_cancels_nobody_elses_decision(pool: PgPool)
 }
 
 /// Coalesced calls, pair functions and single takes from several stores (replicas) on the
-/// same Node and Domain buckets, all at once: every lock is taken in the one global order, so
-/// none of them may fail, deadlocked or otherwise. (PostgreSQL breaks a deadlock after
+/// same Node and Domain buckets, all at once: every lock is taken in the one global order (a
+/// distinct-bucket call's mints after its UPDATE are the one exception, docs/adr/0036, and
+/// these buckets exist once minted), so none of them may fail, deadlocked or otherwise. (PostgreSQL breaks a deadlock after
 /// `deadlock_timeout` by failing one of its transactions, which would surface here as
 /// `Error::Database`.)
 #[sqlx::test(migrator = "app::MIGRATOR")]
