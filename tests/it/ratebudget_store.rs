@@ -253,6 +253,75 @@ async fn the_table_rejects_a_malformed_name_and_negative_tokens(pool: PgPool) {
     insert("uploads_per_api_key", 1.0).await.unwrap();
 }
 
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn both_tables_hold_names_to_the_crates_rule_character_by_character(pool: PgPool) {
+    // The tables' name CHECKs are comparisons, not the regular expression they replaced
+    // (migration 20261202060000): each must accept exactly what ratebudget::Name accepts and
+    // what that expression accepted. Every ASCII character (but NUL, which text cannot hold)
+    // and a few beyond it, first and second, and the lengths around the limit.
+    let mut candidates: Vec<String> = Vec::new();
+    let others = ['é', 'ſ', 'ａ', 'ß', '\u{301}', '\u{200b}', '\u{feff}'];
+    for c in (1u8..=127).map(char::from).chain(others) {
+        candidates.push(c.to_string());
+        candidates.push(format!("a{c}"));
+        candidates.push(format!("{c}a"));
+        candidates.push(format!("ab{c}cd"));
+    }
+    for length in [62, 63, 64, 65] {
+        candidates.push("a".repeat(length));
+        candidates.push(format!("a{}", "_".repeat(length - 1)));
+        candidates.push(format!("a{}", "é".repeat((length - 1) / 2)));
+    }
+    candidates.extend(["", "a\n", "\na", "a b", "service_requests", "Secret_read"].map(String::from));
+    candidates.sort();
+    candidates.dedup();
+
+    let regex_verdicts: Vec<bool> = sqlx::query_scalar(
+        "SELECT c ~ '^[a-z][a-z0-9_]{0,62}$' FROM unnest($1::text[]) WITH ORDINALITY AS t (c, i) ORDER BY i",
+    )
+    .bind(&candidates)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let mut accepted = 0;
+    for (candidate, regex_verdict) in candidates.iter().zip(regex_verdicts) {
+        let rule = ratebudget::Name::is_valid(candidate);
+        assert_eq!(rule, regex_verdict, "{candidate:?}: the crate's rule against the old expression");
+        accepted += usize::from(rule);
+        let bucket = sqlx::query(
+            "INSERT INTO plexsphere.rate_budgets (scope, bucket_key, tokens, refilled_at) VALUES ($1, gen_random_uuid(), 1, now())",
+        )
+        .bind(candidate)
+        .execute(&pool)
+        .await;
+        let limiter = sqlx::query(
+            "INSERT INTO plexsphere.named_limits (limiter, key_hash, tat_us) VALUES ($1, sha256(convert_to($1, 'UTF8')), 0)",
+        )
+        .bind(candidate)
+        .execute(&pool)
+        .await;
+        for (table, inserted, constraint) in [
+            ("rate_budgets", bucket, "rate_budgets_name_check"),
+            ("named_limits", limiter, "named_limits_limiter_check"),
+        ] {
+            match inserted {
+                Ok(_) => assert!(rule, "{table} took {candidate:?}"),
+                Err(error) => {
+                    assert!(!rule, "{table} refused {candidate:?}: {error}");
+                    assert_eq!(
+                        error.as_database_error().and_then(|e| e.constraint()),
+                        Some(constraint),
+                        "{candidate:?}"
+                    );
+                }
+            }
+        }
+    }
+    // The list holds both kinds: names the rule takes (a-z first, digits and _ after, the
+    // lengths up to 63) and many more it does not.
+    assert!(accepted > 60 && accepted < candidates.len() / 2, "{accepted} of {}", candidates.len());
+}
+
 #[tokio::test]
 async fn answers_that_need_no_query_hold_without_a_server() {
     let store = Store::new(unreachable_pool());
