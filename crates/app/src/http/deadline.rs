@@ -5,20 +5,19 @@
 //! between chunks (tower-http's `TimeoutBody` resets on every frame, so a client trickling a
 //! byte a second would never trip it).
 
-use std::future::Future as _;
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::StatusCode;
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body::{Frame, SizeHint};
 use tokio::time::Sleep;
 
-use super::{error_response, AppState};
+use super::error_response;
 
 /// The error a body gives when its deadline passed; `read_body` finds it in a rejection's
 /// sources and answers 408.
@@ -61,32 +60,26 @@ impl http_body::Body for DeadlineBody {
     }
 }
 
-/// Gives the request's body its deadline.
-pub(super) async fn body_deadline(State(state): State<AppState>, request: Request, next: Next) -> Response {
+/// Gives the request's body its deadline of `timeout`.
+pub(super) fn limit_body(timeout: Duration, request: Request) -> Request {
     // A request without a body (most of them) needs no timer.
     if http_body::Body::is_end_stream(request.body()) {
-        return next.run(request).await;
+        return request;
     }
-    let timeout = state.body_timeout;
-    let request = request.map(|inner| {
+    request.map(|inner| {
         Body::new(DeadlineBody { inner, deadline: Box::pin(tokio::time::sleep(timeout)), timeout })
-    });
-    next.run(request).await
+    })
 }
 
-/// Answers 503 when the whole request has not been answered by its deadline. The database
-/// calls within it have a shorter deadline of their own, so this catches what they do not:
-/// a body that is slow but under its own limit, plus a slow database call, say.
-pub(super) async fn request_deadline(
-    State(state): State<AppState>,
-    request: Request,
-    next: Next,
-) -> Response {
-    match tokio::time::timeout(state.request_timeout, next.run(request)).await {
+/// Answers 503 when `answer` has not answered within `timeout`, the whole request's deadline.
+/// The database calls within it have a shorter deadline of their own, so this catches what
+/// they do not: a body that is slow but under its own limit, plus a slow database call, say.
+pub(super) async fn answer_within(timeout: Duration, answer: impl Future<Output = Response>) -> Response {
+    match tokio::time::timeout(timeout, answer).await {
         Ok(response) => response,
         Err(_) => {
             tracing::error!(
-                timeout_ms = state.request_timeout.as_millis() as u64,
+                timeout_ms = timeout.as_millis() as u64,
                 "request failed: not answered within its deadline"
             );
             error_response(

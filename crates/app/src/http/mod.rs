@@ -177,9 +177,24 @@ impl AppState {
     }
 }
 
-/// Gives each request its own database time, which [`AppState::bounded`] spends.
-async fn database_time(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    DATABASE_TIME_LEFT.scope(Cell::new(state.database_timeout), next.run(request)).await
+/// What every request passes through, outermost first: the whole request's deadline
+/// (`PLEXSPHERE_HTTP_REQUEST_TIMEOUT_MS`), its body's (`PLEXSPHERE_HTTP_BODY_TIMEOUT_MS`), the
+/// `RateLimit` fields of its decisions, its own database time (which [`AppState::bounded`]
+/// spends), and the refusal of a doubled header.
+///
+/// One middleware, not one each: for every request each of axum's `from_fn` layers clones the
+/// chain of boxed services inside it, and the five layers these were cost a decision through
+/// `POST /v1/decide` a fifth to a quarter of its throughput (BENCHMARKS.md section 8).
+async fn every_request(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let request = deadline::limit_body(state.body_timeout, request);
+    let answer =
+        rate_limit_headers::with_fields(DATABASE_TIME_LEFT.scope(Cell::new(state.database_timeout), async {
+            match doubled_header(&request) {
+                Some(refusal) => refusal,
+                None => next.run(request).await,
+            }
+        }));
+    deadline::answer_within(state.request_timeout, answer).await
 }
 
 /// The request id header: taken from the client when it sends one, made up otherwise, and
@@ -246,13 +261,9 @@ pub fn router(state: AppState) -> Router {
         .route("/ui/app.css", get(ui::style))
         .fallback(probes::not_found)
         .method_not_allowed_fallback(probes::method_not_allowed)
-        .layer(axum::middleware::from_fn(refuse_doubled_headers))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), database_time))
-        .layer(axum::middleware::from_fn(rate_limit_headers::add_fields))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), deadline::body_deadline))
         // Inside the trace layer, so a request cut off by its deadline, and a panic, are
         // logged in the request's span.
-        .layer(axum::middleware::from_fn_with_state(state.clone(), deadline::request_deadline))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), every_request))
         .layer(CatchPanicLayer::custom(panic_response))
         // A failure is logged once, where it becomes a response (error.rs), so the trace
         // layer only opens the span and logs each response at debug level.
@@ -273,14 +284,10 @@ pub fn router(state: AppState) -> Router {
 /// ambiguous which one the log and the client quote. Either is a 400 before any handler runs.
 const SINGLE_HEADERS: [HeaderName; 2] = [axum::http::header::AUTHORIZATION, REQUEST_ID];
 
-async fn refuse_doubled_headers(request: Request, next: Next) -> Response {
-    for name in &SINGLE_HEADERS {
-        if request.headers().get_all(name).iter().nth(1).is_some() {
-            return ApiError::bad_request(format!("the {name} header must appear at most once"))
-                .into_response();
-        }
-    }
-    next.run(request).await
+fn doubled_header(request: &Request) -> Option<Response> {
+    SINGLE_HEADERS.iter().find(|name| request.headers().get_all(*name).iter().nth(1).is_some()).map(|name| {
+        ApiError::bad_request(format!("the {name} header must appear at most once")).into_response()
+    })
 }
 
 /// A path's parameters, with a JSON 400 (instead of axum's plain-text rejection) when they do

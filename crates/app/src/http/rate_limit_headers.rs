@@ -7,16 +7,16 @@
 //! module's middleware collects them around each request, and the middleware turns the
 //! binding reading into the two fields.
 
-use axum::extract::Request;
-use axum::middleware::Next;
+use std::future::Future;
+
 use axum::response::Response;
 
 use crate::limits::collect_readings;
 
-/// Runs the request, collecting its decisions' readings, and writes the fields of the last
-/// one (the decision that settled the request).
-pub(super) async fn add_fields(request: Request, next: Next) -> Response {
-    let (mut response, readings) = collect_readings(next.run(request)).await;
+/// Runs `answer`, collecting its decisions' readings, and writes the fields of the last one
+/// (the decision that settled the request) on its response.
+pub(super) async fn with_fields(answer: impl Future<Output = Response>) -> Response {
+    let (mut response, readings) = collect_readings(answer).await;
     if let Some(reading) = readings.last() {
         reading.set_on(response.headers_mut());
     }
