@@ -363,3 +363,37 @@ async fn an_open_circuit_whose_probe_lost_its_client_returns_to_the_store_and_ad
     a.stop().await;
     b.stop().await;
 }
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_replica_whose_first_load_of_the_rules_outlasts_the_database_time_tries_again_before_it_serves(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Another session holds the rules table a little longer than one database time (1 s
+    // here), as a busy server answering a new replica's first statements late would. The
+    // replica must come up with its rules loaded: ready, and deciding from its first request,
+    // not answering 500 until its listener loads them.
+    let mut locker = PgConnection::connect_with(&connect).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut locker).await.unwrap();
+    sqlx::query("LOCK TABLE plexsphere.rules IN ACCESS EXCLUSIVE MODE").execute(&mut locker).await.unwrap();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        sqlx::query("COMMIT").execute(&mut locker).await.unwrap();
+        locker
+    });
+
+    let clock = Arc::new(ManualClock::new(instant()));
+    let replica = Replica::start_with(
+        config(&connect, &[]),
+        Wiring { time: TimeSource::Given(clock), leader_timing: QUIET_LEADER },
+    )
+    .await;
+    let ready = replica.get("/readyz", None).await;
+    assert_eq!(ready.status, StatusCode::OK, "{ready:?}");
+    let domain = replica.create_domain("d", None).await;
+    let (_, token) = replica.enrol(&domain, "n").await;
+    let answer = replica.request(Method::POST, "/v1/ingest", Some(&token), Some(b"cpu=1".to_vec())).await;
+    assert_eq!(answer.status, StatusCode::ACCEPTED, "{answer:?}");
+    drop(release.await.unwrap());
+    replica.stop().await;
+}

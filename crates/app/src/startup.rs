@@ -37,6 +37,9 @@ const CREDENTIAL_CACHE_CAPACITY: usize = 100_000;
 /// elector hold one connection each of their own, outside it.
 const BACKGROUND_CONNECTIONS: u32 = 4;
 
+/// Between two attempts at the first load of the rules and tiers.
+const STARTUP_LOAD_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Where a replica's decisions get their time from.
 #[derive(Clone, Debug)]
 pub enum TimeSource {
@@ -213,14 +216,27 @@ impl Application {
         // Nothing is decided before the rules and tiers are loaded. Loading them here means a
         // replica that can reach the database serves decisions from its first request; one
         // that cannot starts anyway (answering /healthz) and its listener loads them later.
-        match tokio::time::timeout(config.database_timeout, rule_budgets.reload(&sources)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => {
-                tracing::warn!(error = %cause_chain(error.as_ref()), "cannot load the rate-budget rules yet; retrying in the background")
+        // A busy server can take longer than one database time to answer a replica's first
+        // statements (its connections are new), so the load is tried again, a tenth of a
+        // second apart, for up to three database times in all: a replica that started without
+        // its rules answered 500 to every decision until the listener loaded them (seen in CI,
+        // two cores running the whole suite).
+        let loading_since = tokio::time::Instant::now();
+        loop {
+            let failure =
+                match tokio::time::timeout(config.database_timeout, rule_budgets.reload(&sources)).await {
+                    Ok(Ok(())) => break,
+                    Ok(Err(error)) => {
+                        format!("cannot load the rate-budget rules yet: {}", cause_chain(error.as_ref()))
+                    }
+                    Err(_) => "the rate-budget rules did not load in time".to_owned(),
+                };
+            if loading_since.elapsed() + STARTUP_LOAD_PAUSE >= config.database_timeout * 3 {
+                tracing::warn!("{failure}; retrying in the background");
+                break;
             }
-            Err(_) => {
-                tracing::warn!("the rate-budget rules did not load in time; retrying in the background")
-            }
+            tracing::info!("{failure}; trying again");
+            tokio::time::sleep(STARTUP_LOAD_PAUSE).await;
         }
         // Weak: the budgets hold the guard, whose observer holds the metrics; a strong
         // reference here would be a cycle that keeps every pool the metrics watch open.
