@@ -3,9 +3,9 @@
 //! written, is `ratebudget_tower::Reading`'s, shared with the tower layer.
 //!
 //! The decision is made deep inside a context, which knows nothing of HTTP; the limiters'
-//! observer ([`crate::limits`]) notes what each decision said about its buckets while this
-//! module's middleware collects them around each request, and the middleware turns the
-//! binding reading into the two fields.
+//! observer ([`crate::limits`]) notes what each decision said about its buckets while
+//! [`with_fields`], which the router's one middleware runs around each request, collects them
+//! and turns the binding reading into the two fields.
 
 use std::future::Future;
 
