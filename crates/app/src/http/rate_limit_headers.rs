@@ -4,7 +4,7 @@
 //!
 //! The decision is made deep inside a context, which knows nothing of HTTP; the limiters'
 //! observer ([`crate::limits`]) notes what each decision said about its buckets while
-//! [`with_fields`], which the router's one middleware runs around each request, collects them
+//! `with_fields`, which the router's one middleware runs around each request, collects them
 //! and turns the binding reading into the two fields.
 
 use std::future::Future;
