@@ -648,15 +648,24 @@ async fn three_leasing_replicas_saturating_a_hot_tenant_stay_within_its_budget_a
         admissions.extend(caller.await.unwrap());
     }
     let worst = worst_window_seen(&mut admissions, rate, burst);
-    // The steady middle: after the burst is spent, before the run's end.
-    let middle = admissions.iter().filter(|(_, answered)| (1.0..2.5).contains(answered)).count() as f64;
+    // The steady middle: after the burst is spent, before the run's end. A client knows only
+    // that its grant was made between sending and its answer, so the grants the middle may
+    // hold are those whose span meets it. Counting by the answer alone failed on 2 busy
+    // cores at 442 of 450 in a run whose spans allowed 458: a stalled caller moves its
+    // answers across the window's edge, and the bucket does not lose them. Leases that lose
+    // 3% of their tokens still fail this at about 430.
+    let (middle_starts, middle_ends) = (1.0, 2.5);
+    let may_hold = |&&(sent, answered): &&(f64, f64)| answered >= middle_starts && sent < middle_ends;
+    let must_hold = |&&(sent, answered): &&(f64, f64)| sent >= middle_starts && answered < middle_ends;
+    let most = admissions.iter().filter(may_hold).count() as f64;
+    let least = admissions.iter().filter(must_hold).count();
+    let expected = rate * (middle_ends - middle_starts);
     eprintln!(
-        "{} admitted in {run:?} at {rate}/s, burst {burst}; {middle} in the 1.5 s middle (rate x 1.5 s = {}); worst window {worst:.2}",
+        "{} admitted in {run:?} at {rate}/s, burst {burst}; {least} to {most} in the 1.5 s middle (rate x 1.5 s = {expected}); worst window {worst:.2}",
         admissions.len(),
-        rate * 1.5
     );
     assert!(worst <= 0.0, "a window held {worst} admissions over the bound");
-    assert!(middle >= 0.99 * rate * 1.5, "{middle} admitted in the middle: more than 1% under the rate");
+    assert!(most >= 0.99 * expected, "at most {most} admitted in the middle: more than 1% under the rate");
 
     // A bucket they lease, not yet spent: a big burst, a few hot decisions through each.
     let roomy = json!({ "service": "directory", "api": "*", "selector": { "tenant": "roomy" }, "rate": 10, "burst": 10000, "priority": 1 });
