@@ -208,7 +208,7 @@ for workload in hot random; do
         p99=$(median "$work/$workload.$via" "$p99_field")
         awk -v w="$workload" -v via="$via" -v rate="$rate" -v tps="$tps" -v p99="$p99" -v need="$need" 'BEGIN {
             ratio = rate / tps
-            printf "%-7s %-8s decisions/s %.0f = %.2fx pgbench %.0f, p99 %.1f ms: %s\n", w, via, rate, ratio, tps, p99,
+            printf "%-7s %-8s decisions/s %.0f = %.2fx pgbench %.0f, p99 %.2f ms: %s\n", w, via, rate, ratio, tps, p99,
                 (ratio >= need && p99 < 10) ? "meets" : "short"
         }'
     done
