@@ -8,9 +8,20 @@
 //!
 //! 1. the rule naming the most specific attribute (the latest position) wins; a rule with an
 //!    empty selector names none and comes after every rule that names one;
-//! 2. then a rule naming the API over one for `*`;
-//! 3. then the higher priority;
-//! 4. then the smaller rule id (so every replica picks the same one).
+//! 2. then, of rules whose most specific attribute is the same, one naming it with an exact
+//!    value over one naming it `*` (so a tenant's own override beats a template every tenant
+//!    inherits, `{"sku": "premium", "tenant": "*"}`);
+//! 3. then a rule naming the API over one for `*`;
+//! 4. then the higher priority;
+//! 5. then the smaller rule id (so every replica picks the same one).
+//!
+//! The governing rule also says what keys its bucket ([`Snapshot::keyed_by`]): each attribute
+//! it names, with the value the request has for it. An attribute named with a value keys one
+//! bucket; one named `*` keys a bucket per value (as envoyproxy/ratelimit's descriptor key
+//! without a value does); an attribute the rule does not name never splits its bucket, so a
+//! caller cannot buy a fresh bucket by varying what the rule ignores. The API keys the bucket
+//! only when the rule names one: a rule for `*` is one budget across every API, as a rule
+//! that names no attribute is one budget across every value.
 //!
 //! No rule matching: the request is unlimited (for this project's own budgets, the caller's
 //! default, the composition root's knobs). This project's own takes are the service
@@ -81,6 +92,9 @@ pub struct Matched<'a> {
     /// The position of the most specific attribute its selector names; `None` for an empty
     /// selector.
     pub position: Option<usize>,
+    /// Whether it names the attribute at `position` with an exact value (rather than `*`):
+    /// `false` for an empty selector.
+    pub exact_at_position: bool,
     /// Whether it names the request's API (rather than `*`).
     pub names_the_api: bool,
 }
@@ -267,14 +281,21 @@ impl Snapshot {
                 if found.iter().any(|matched| matched.index == index) {
                     continue;
                 }
-                if let Some(position) = self.position(index, attributes) {
-                    found.push(Matched { index, rule: &self.rules[index], position, names_the_api });
+                if let Some((position, exact_at_position)) = self.position(index, attributes) {
+                    found.push(Matched {
+                        index,
+                        rule: &self.rules[index],
+                        position,
+                        exact_at_position,
+                        names_the_api,
+                    });
                 }
             }
         }
         found.sort_by(|a, b| {
             b.position
                 .cmp(&a.position)
+                .then(b.exact_at_position.cmp(&a.exact_at_position))
                 .then(b.names_the_api.cmp(&a.names_the_api))
                 .then(b.rule.spec.priority().cmp(&a.rule.spec.priority()))
                 .then_with(|| a.rule.id.cmp(&b.rule.id))
@@ -282,17 +303,44 @@ impl Snapshot {
         found
     }
 
+    /// What keys rule `index`'s bucket for a request with `attributes` (which it matches):
+    /// each attribute its selector names, in the selector's (sorted) order, with the value of
+    /// the attribute it matched (the latest of that name whose value its pattern matches, as
+    /// [`Snapshot::matching`] finds it). Attributes it does not name are not in it, so they
+    /// never split its bucket. `None` when the rule does not match.
+    pub fn keyed_by<'s, 'a>(
+        &'s self,
+        index: usize,
+        attributes: &[(&'a str, &'a str)],
+    ) -> Option<Vec<(&'s str, &'a str)>> {
+        self.compiled[index]
+            .pairs
+            .iter()
+            .map(|(attribute, pattern)| {
+                let (_, value) = attributes
+                    .iter()
+                    .rev()
+                    .find(|(name, value)| *name == &**attribute && pattern.matches(value))?;
+                Some((&**attribute, *value))
+            })
+            .collect()
+    }
+
     /// Whether rule `index`'s selector pairs are all among `attributes`: `None` if not, else
-    /// the position of the most specific attribute it names (`Some(None)`: it names none).
-    fn position(&self, index: usize, attributes: &[(&str, &str)]) -> Option<Option<usize>> {
-        let mut most_specific = None;
+    /// the position of the most specific attribute it names (`None` when it names none) and
+    /// whether it names that attribute with an exact value.
+    fn position(&self, index: usize, attributes: &[(&str, &str)]) -> Option<(Option<usize>, bool)> {
+        let mut most_specific: Option<(usize, bool)> = None;
         for (attribute, pattern) in &self.compiled[index].pairs {
             let at = attributes
                 .iter()
                 .rposition(|(name, value)| *name == &**attribute && pattern.matches(value))?;
-            most_specific = most_specific.max(Some(at));
+            let exact = matches!(pattern, Pattern::Exactly(_));
+            if most_specific.is_none_or(|(latest, _)| at > latest) {
+                most_specific = Some((at, exact));
+            }
         }
-        Some(most_specific)
+        Some((most_specific.map(|(at, _)| at), most_specific.is_some_and(|(_, exact)| exact)))
     }
 
     /// The own rule that governs `scope` for `domain`, which is in `tier`; `None` when no rule
@@ -583,6 +631,90 @@ mod tests {
             snapshot.service_rules("directory").iter().map(|rule| rule.id.as_str()).collect();
         assert_eq!(listed[0], "eu-premium", "named APIs first, the more attributes first: {listed:?}");
         assert_eq!(listed.len(), 8);
+    }
+
+    /// Issue 32: among rules naming the same latest attribute, an exact value outranks `*`,
+    /// before the API and priority; so a tenant's override beats the template every tenant
+    /// inherits whatever their priorities and APIs.
+    #[test]
+    fn an_exact_value_outranks_a_wildcard_at_the_same_attribute() {
+        let snapshot = Snapshot::compile(
+            4,
+            vec![
+                service_rule(
+                    "premium-per-tenant",
+                    "GET /v1/users",
+                    &[("sku", "premium"), ("tenant", "*")],
+                    9,
+                ),
+                service_rule("contoso", "*", &[("tenant", "contoso")], 0),
+                service_rule("premium-shared", "GET /v1/users", &[("sku", "premium")], 0),
+            ],
+        );
+        let winner = |attributes: &[(&str, &str)]| {
+            let matched = snapshot.matching("directory", Some("GET /v1/users"), attributes);
+            matched.first().map(|matched| matched.rule.id.as_str().to_owned())
+        };
+        assert_eq!(winner(&[("sku", "premium"), ("tenant", "contoso")]).as_deref(), Some("contoso"));
+        assert_eq!(
+            winner(&[("sku", "premium"), ("tenant", "fabrikam")]).as_deref(),
+            Some("premium-per-tenant")
+        );
+        // No tenant: only the shared premium rule matches.
+        assert_eq!(winner(&[("sku", "premium")]).as_deref(), Some("premium-shared"));
+        // The latest attribute still comes first: with the entries the other way round, the
+        // rules naming `sku` exactly outrank Contoso's, and priority decides between them.
+        assert_eq!(
+            winner(&[("tenant", "contoso"), ("sku", "premium")]).as_deref(),
+            Some("premium-per-tenant")
+        );
+    }
+
+    /// Issue 32: the governing rule says what keys its bucket. The reproduction: Contoso's
+    /// override keyed by every entry gave `sku=x1` .. `sku=x6` a fresh bucket each.
+    #[test]
+    fn a_rule_keys_its_bucket_by_the_attributes_it_names_and_no_others() {
+        let snapshot = Snapshot::compile(
+            5,
+            vec![
+                service_rule("contoso", "GET /v1/users", &[("tenant", "contoso")], 0),
+                service_rule("premium-per-tenant", "*", &[("tenant", "*"), ("sku", "premium")], 0),
+                service_rule("everything", "*", &[], 0),
+            ],
+        );
+        let keyed = |attributes: &[(&str, &str)]| {
+            let matched = snapshot.matching("directory", Some("GET /v1/users"), attributes);
+            let first = matched.first().unwrap();
+            let keyed: Vec<(String, String)> = snapshot
+                .keyed_by(first.index, attributes)
+                .unwrap()
+                .into_iter()
+                .map(|(key, value)| (key.to_owned(), value.to_owned()))
+                .collect();
+            (first.rule.id.as_str().to_owned(), keyed)
+        };
+        let pair = |key: &str, value: &str| (key.to_owned(), value.to_owned());
+        for sku in ["basic", "x1", "x6"] {
+            assert_eq!(
+                keyed(&[("sku", sku), ("tenant", "contoso")]),
+                ("contoso".into(), vec![pair("tenant", "contoso")]),
+                "an entry the rule ignores does not split its bucket"
+            );
+        }
+        // A wildcard keys a bucket per value; an exact pair one bucket; sorted by attribute.
+        assert_eq!(
+            keyed(&[("region", "eu"), ("sku", "premium"), ("tenant", "fabrikam")]),
+            ("premium-per-tenant".into(), vec![pair("sku", "premium"), pair("tenant", "fabrikam")])
+        );
+        // Of an attribute given twice, the latest whose value the pattern matches.
+        assert_eq!(
+            keyed(&[("tenant", "a"), ("sku", "premium"), ("tenant", "b")]),
+            ("premium-per-tenant".into(), vec![pair("sku", "premium"), pair("tenant", "b")])
+        );
+        assert_eq!(keyed(&[("colour", "blue")]), ("everything".into(), vec![]));
+        // A rule that does not match keys nothing.
+        let contoso = snapshot.rules().iter().position(|rule| rule.id.as_str() == "contoso").unwrap();
+        assert_eq!(snapshot.keyed_by(contoso, &[("tenant", "fabrikam")]), None);
     }
 
     #[test]
