@@ -75,11 +75,12 @@ async fn the_seeds_contoso_example_over_envoys_protocol(_: PgPoolOptions, connec
     let clock = Arc::new(ManualClock::new(instant()));
     let replica = service(&connect, clock, &[]).await;
     let grpc = replica.grpc.unwrap();
-    // A premium template of 50 a second for the API, and Contoso's override of 100.
+    // A premium template of 50 a second for the API, each premium tenant its own (`"*"`: a
+    // bucket per value), and Contoso's override of 100.
     rule(
         &replica,
         "dir-users-premium",
-        directory_rule("GET /v1/users", &json!({ "sku": "premium" }), 50.0, 0),
+        directory_rule("GET /v1/users", &json!({ "sku": "premium", "tenant": "*" }), 50.0, 0),
     )
     .await;
     rule(
@@ -348,13 +349,22 @@ async fn only_callers_with_a_decide_token_are_answered(_: PgPoolOptions, connect
         .request(Method::POST, "/v1/decide", None, Some(http_one(&contoso, 1).to_string().into_bytes()))
         .await;
     assert_eq!(http.status, StatusCode::UNAUTHORIZED);
-    // Malformed requests are refused by name and spend nothing.
-    let malformed =
-        grpc::call(grpc, json!({ "token": DECIDE_TOKEN, "domain": "no spaces allowed", "descriptors": [] }))
-            .await;
-    assert_eq!(malformed["grpc"], "INVALID_ARGUMENT", "{malformed}");
+    // Requests malformed as messages are refused by name and spend nothing: no domain, a
+    // descriptor without entries.
+    let malformed = grpc::calls(
+        grpc,
+        json!([
+            { "token": DECIDE_TOKEN, "domain": "", "descriptors": [{ "entries": [["tenant", "contoso"]] }] },
+            { "token": DECIDE_TOKEN, "domain": "directory", "descriptors": [{ "entries": [] }] },
+        ]),
+    )
+    .await;
+    for answer in &malformed {
+        assert_eq!(answer["grpc"], "INVALID_ARGUMENT", "{answer}");
+    }
+    // This project's own budgets are not decided for callers.
     let own = http_decide(&replica, &json!({ "domain": "plexsphere", "descriptors": [] })).await;
-    assert_eq!(own.status, StatusCode::BAD_REQUEST, "{own:?}");
+    assert_eq!((own.status, own.code()), (StatusCode::FORBIDDEN, "forbidden"), "{own:?}");
     let unknown_field = http_decide(&replica, &json!({ "domain": "directory", "descriptor": [] })).await;
     assert_eq!(unknown_field.status, StatusCode::BAD_REQUEST, "{unknown_field:?}");
 
@@ -711,4 +721,213 @@ async fn three_leasing_replicas_saturating_a_hot_tenant_stay_within_its_budget_a
     for replica in replicas {
         replica.stop().await;
     }
+}
+
+/// Issue 32, item 1 (over-admission): the runtime key hashed every entry, so a caller varying
+/// an entry the governing rule ignores (`sku`, from a client header) got a fresh, full bucket
+/// each time. The audit's reproduction, through Python's grpcio client: now the rule's own
+/// entries key its bucket, and `sku=x1` .. `sku=x6` are over the limit with the rest.
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn entries_the_governing_rule_does_not_name_never_split_its_bucket(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let clock = Arc::new(ManualClock::new(instant()));
+    let replica = service(&connect, clock, &[]).await;
+    let grpc = replica.grpc.unwrap();
+    let contoso = json!({
+        "service": "directory", "api": "GET /v1/users", "selector": { "tenant": "contoso" },
+        "rate": 1, "per_ms": 60000, "burst": 2,
+    });
+    rule(&replica, "contoso", contoso).await;
+    let mut script = vec![one(&[USERS, ("sku", "basic"), ("tenant", "contoso")], 1); 4];
+    for sku in ["x1", "x2", "x3", "x4", "x5", "x6"] {
+        script.push(one(&[USERS, ("sku", sku), ("tenant", "contoso")], 1));
+    }
+    // Entries in another order, or another entry beside them: still Contoso's one bucket.
+    script.push(one(&[("tenant", "contoso"), USERS, ("region", "eu")], 1));
+    let answers = grpc::calls(grpc, Value::Array(script)).await;
+    let codes: Vec<&str> = answers.iter().map(overall).collect();
+    assert_eq!(codes[..2], ["OK", "OK"]);
+    assert!(codes[2..].iter().all(|code| *code == "OVER_LIMIT"), "the burst is 2: {codes:?}");
+    // HTTP decides in the same bucket, whatever the unnamed entries hold.
+    let over = http_decide(&replica, &http_one(&[USERS, ("sku", "x7"), ("tenant", "contoso")], 1)).await;
+    assert_eq!(over.body["overall_code"], "OVER_LIMIT", "{over:?}");
+
+    // `"*"` keys a bucket per value, an exact value one bucket shared by all it matches.
+    rule(
+        &replica,
+        "premium-each",
+        directory_rule("GET /v1/groups", &json!({ "sku": "premium", "tenant": "*" }), 2.0, 0),
+    )
+    .await;
+    rule(&replica, "premium-shared", directory_rule("GET /v1/orders", &json!({ "sku": "premium" }), 2.0, 0))
+        .await;
+    let groups = ("api", "GET /v1/groups");
+    let orders = ("api", "GET /v1/orders");
+    let answers = grpc::calls(
+        grpc,
+        json!([
+            one(&[groups, ("sku", "premium"), ("tenant", "a")], 2),
+            one(&[groups, ("sku", "premium"), ("tenant", "b")], 2),
+            one(&[groups, ("sku", "premium"), ("tenant", "a")], 1),
+            one(&[orders, ("sku", "premium"), ("tenant", "a")], 2),
+            one(&[orders, ("sku", "premium"), ("tenant", "b")], 1),
+        ]),
+    )
+    .await;
+    let codes: Vec<&str> = answers.iter().map(overall).collect();
+    assert_eq!(codes, ["OK", "OK", "OVER_LIMIT", "OK", "OVER_LIMIT"]);
+}
+
+/// Issue 32, item 2 (over-admission through Envoy, which admits a request whose call fails):
+/// a value over 256 characters, a TAB, a descriptor cost above 2^53, more than 16
+/// descriptors or more than two governed ones made the whole request INVALID_ARGUMENT, even
+/// beside a descriptor already over its limit. Each is now decided.
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn no_value_a_client_chooses_turns_a_decision_into_an_error(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let clock = Arc::new(ManualClock::new(instant()));
+    let replica = service(&connect, clock, &[]).await;
+    let grpc = replica.grpc.unwrap();
+    rule(&replica, "contoso", directory_rule("GET /v1/users", &json!({ "tenant": "contoso" }), 1.0, 0)).await;
+    rule(&replica, "per-user", directory_rule("*", &json!({ "user": "*" }), 1.0, 0)).await;
+    rule(&replica, "per-region", directory_rule("*", &json!({ "region": "*" }), 1.0, 0)).await;
+    let contoso = json!({ "entries": [["api", "GET /v1/users"], ["tenant", "contoso"]] });
+    let long = "v".repeat(300);
+    let request = |descriptors: Vec<Value>| json!({ "token": DECIDE_TOKEN, "domain": "directory", "descriptors": descriptors });
+    let unlimited = |key: &str, value: &str| json!({ "entries": [[key, value]] });
+    // Contoso's one token, spent.
+    let spent = grpc::call(grpc, request(vec![contoso.clone()])).await;
+    assert_eq!(overall(&spent), "OK");
+
+    let mut many = vec![contoso.clone()];
+    many.extend((0..20).map(|n| unlimited("colour", &format!("c{n}"))));
+    let answers = grpc::calls(
+        grpc,
+        json!([
+            request(vec![contoso.clone(), unlimited("note", &long)]),
+            request(vec![contoso.clone(), unlimited("note", "a\tb")]),
+            request(vec![
+                contoso.clone(),
+                json!({ "entries": [["colour", "red"]], "hits_addend": 1u64 << 60 })
+            ]),
+            request(many),
+            request(vec![contoso.clone(), unlimited("user", "alice"), unlimited("region", "eu")]),
+        ]),
+    )
+    .await;
+    for answer in &answers {
+        assert_eq!(overall(answer), "OVER_LIMIT", "{answer}");
+        assert_eq!(status(answer, 0)["code"], "OVER_LIMIT", "{answer}");
+    }
+    assert_eq!(status(&answers[0], 1)["code"], "OK", "an unlimited long value is decided, not refused");
+
+    // A long or unusual value in a governed entry is hashed like any other: its own bucket.
+    let odd = grpc::calls(
+        grpc,
+        json!([
+            request(vec![unlimited("user", &long)]),
+            request(vec![unlimited("user", &long)]),
+            request(vec![unlimited("user", "tab\there")]),
+            // A cost no bucket can hold is over the limit, as a cost above the burst is.
+            request(vec![json!({ "entries": [["user", "bob"]], "hits_addend": (1u64 << 53) + 1 })]),
+        ]),
+    )
+    .await;
+    let codes: Vec<&str> = odd.iter().map(overall).collect();
+    assert_eq!(codes, ["OK", "OVER_LIMIT", "OK", "OVER_LIMIT"]);
+    // Nothing was spent by the request that was over: bob's bucket still holds its token.
+    assert_eq!(overall(&grpc::call(grpc, request(vec![unlimited("user", "bob")])).await), "OK");
+
+    // The same over HTTP: decided, never a 400.
+    let http = http_decide(
+        &replica,
+        &json!({ "domain": "directory", "descriptors": [
+            { "entries": [{ "key": "api", "value": "GET /v1/users" }, { "key": "tenant", "value": "contoso" }] },
+            { "entries": [{ "key": "note", "value": long }], "hits_addend": u64::MAX },
+        ]}),
+    )
+    .await;
+    assert_eq!(
+        (http.status, http.body["overall_code"].as_str()),
+        (StatusCode::OK, Some("OVER_LIMIT")),
+        "{http:?}"
+    );
+}
+
+/// Issue 32, item 3: the failed-authentication budget of the socket's peer was checked before
+/// the token, so behind a load balancer or SNAT one stray caller with a wrong token locked
+/// every Envoy out (RESOURCE_EXHAUSTED, which Envoy admits). A valid token is decided after 30
+/// failures from its address; a wrong one is still throttled.
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_valid_token_is_decided_whatever_its_address_failed(_: PgPoolOptions, connect: PgConnectOptions) {
+    let clock = Arc::new(ManualClock::new(instant()));
+    let replica = service(&connect, clock, &[]).await;
+    let grpc = replica.grpc.unwrap();
+    rule(&replica, "contoso", directory_rule("GET /v1/users", &json!({ "tenant": "contoso" }), 10.0, 0))
+        .await;
+    let contoso = [USERS, ("tenant", "contoso")];
+    let mut wrong = one(&contoso, 1);
+    wrong["token"] = json!("not-the-token-0123456789");
+    let mut script = vec![wrong.clone(); 30];
+    script.push(one(&contoso, 1));
+    script.push(wrong);
+    let answers = grpc::calls(grpc, Value::Array(script)).await;
+    assert_eq!(answers[29]["grpc"], "RESOURCE_EXHAUSTED", "the address is spent: {}", answers[29]);
+    assert_eq!(overall(&answers[30]), "OK", "a valid token is decided");
+    assert_eq!(answers[31]["grpc"], "RESOURCE_EXHAUSTED", "{}", answers[31]);
+    // HTTP shares the budget and vouches for a valid token too.
+    let http = http_decide(&replica, &http_one(&contoso, 1)).await;
+    assert_eq!(http.status, StatusCode::OK, "{http:?}");
+}
+
+/// Issue 32, item 4: any decide token saw every service's rules (plexsphere's own, with Domain
+/// ids, among them) and spent any service's buckets. A token names the services it decides
+/// for; another is PERMISSION_DENIED / 403, and plexsphere's own snapshot needs an operator.
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_decide_token_decides_and_sees_only_the_services_it_names(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let clock = Arc::new(ManualClock::new(instant()));
+    let tokens = format!("envoy:{DECIDE_TOKEN},edge:edge-decide-token-0123456789:directory|billing");
+    let knobs = [("PLEXSPHERE_DECIDE_TOKENS", tokens.as_str()), ("PLEXSPHERE_GRPC_LISTEN", "127.0.0.1:0")];
+    let replica = Replica::start(config(&connect, &knobs), clock).await;
+    let grpc = replica.grpc.unwrap();
+    rule(&replica, "contoso", directory_rule("GET /v1/users", &json!({ "tenant": "contoso" }), 10.0, 0))
+        .await;
+    replica.create_domain("acme", Some((5.0, 10.0))).await;
+    let edge = "edge-decide-token-0123456789";
+    let as_edge = |domain: &str| json!({ "token": edge, "domain": domain, "descriptors": [{ "entries": [["api", "GET /v1/users"], ["tenant", "contoso"]] }] });
+    let answers =
+        grpc::calls(grpc, json!([as_edge("directory"), as_edge("inventory"), as_edge("plexsphere")])).await;
+    assert_eq!(overall(&answers[0]), "OK");
+    assert_eq!(answers[1]["grpc"], "PERMISSION_DENIED", "{}", answers[1]);
+    assert_eq!(answers[2]["grpc"], "PERMISSION_DENIED", "{}", answers[2]);
+    let mut envoy_own = as_edge("plexsphere");
+    envoy_own["token"] = json!(DECIDE_TOKEN);
+    assert_eq!(grpc::call(grpc, envoy_own).await["grpc"], "PERMISSION_DENIED");
+
+    let body =
+        json!({ "domain": "inventory", "descriptors": [{ "entries": [{ "key": "tenant", "value": "x" }] }] });
+    let http =
+        replica.request(Method::POST, "/v1/decide", Some(edge), Some(body.to_string().into_bytes())).await;
+    assert_eq!((http.status, http.code()), (StatusCode::FORBIDDEN, "forbidden"), "{http:?}");
+
+    // Snapshots: a decide token sees its services only, never plexsphere's own rules.
+    let snapshot = |service: &str, token: &'static str| {
+        let path = format!("/v1/snapshot?service={service}");
+        let replica = &replica;
+        async move { replica.get(&path, Some(token)).await.status }
+    };
+    assert_eq!(snapshot("directory", "edge-decide-token-0123456789").await, StatusCode::OK);
+    assert_eq!(snapshot("inventory", "edge-decide-token-0123456789").await, StatusCode::FORBIDDEN);
+    assert_eq!(snapshot("plexsphere", DECIDE_TOKEN).await, StatusCode::FORBIDDEN);
+    assert_eq!(snapshot("plexsphere", "edge-decide-token-0123456789").await, StatusCode::FORBIDDEN);
+    let operator = replica.operator(Method::GET, "/v1/snapshot?service=plexsphere", None).await;
+    assert_eq!(operator.status, StatusCode::OK, "{operator:?}");
+    assert!(!operator.body["rules"].as_array().unwrap().is_empty(), "acme's override rule: {operator:?}");
 }

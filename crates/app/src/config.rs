@@ -14,6 +14,7 @@ use clap::{Args, FromArgMatches};
 use ipnet::IpNet;
 use std::collections::HashMap;
 
+use crate::decide::Services;
 use ratebudget::{FailMode, Limit, Scope};
 use sqlx::postgres::PgConnectOptions;
 
@@ -37,7 +38,7 @@ pub const DATABASE_POOLER: &str = "PLEXSPHERE_DATABASE_POOLER";
 /// `PLEXSPHERE_LIMITER_SYNCHRONOUS_COMMIT`: the limiters' commit mode (docs/adr/0004).
 pub const LIMITER_SYNCHRONOUS_COMMIT: &str = "PLEXSPHERE_LIMITER_SYNCHRONOUS_COMMIT";
 /// `PLEXSPHERE_DECIDE_TOKENS`: the tokens of services and proxies that ask for decisions,
-/// `name:token,name:token`; unset, the decide API is off.
+/// `name:token` or `name:token:service|service`, comma-separated; unset, the decide API is off.
 pub const DECIDE_TOKENS: &str = "PLEXSPHERE_DECIDE_TOKENS";
 /// `PLEXSPHERE_GRPC_LISTEN`: where Envoy's rate limit service protocol is served; unset, it is
 /// not.
@@ -242,8 +243,9 @@ pub struct Knobs {
     #[arg(long, env = LIMITER_SYNCHRONOUS_COMMIT, value_name = LIMITER_SYNCHRONOUS_COMMIT, value_enum, default_value_t = SynchronousCommit::Off)]
     pub limiter_synchronous_commit: SynchronousCommit,
     /// Named bearer tokens of the services and proxies that ask for decisions
-    /// (`POST /v1/decide`, Envoy's ShouldRateLimit, `GET /v1/snapshot`), `name:token`
-    /// comma-separated as the operator tokens. Unset: the decide API is off.
+    /// (`POST /v1/decide`, Envoy's ShouldRateLimit, `GET /v1/snapshot`), comma-separated:
+    /// `name:token` decides for every service but plexsphere's own, `name:token:a|b` for
+    /// services a and b only (a token holds no `:`). Unset: the decide API is off.
     #[arg(long, env = DECIDE_TOKENS, value_name = DECIDE_TOKENS, hide_env_values = true)]
     pub decide_tokens: Option<String>,
     /// The address Envoy's rate limit service protocol (gRPC, `ShouldRateLimit`) is served on,
@@ -530,20 +532,41 @@ pub struct OperatorCredential {
     pub token: String,
 }
 
-/// Reads the decide tokens: `name:token` entries, as the operator tokens.
+/// A caller that asks for decisions (a proxy, a load balancer): its name, its bearer token and
+/// the services it may ask for.
+#[derive(Clone)]
+pub struct DecideCredential {
+    /// Who the token's bearer is, in the request log.
+    pub name: audit::Actor,
+    /// The bearer token.
+    pub token: String,
+    /// The services it decides for.
+    pub services: Services,
+}
+
+/// Reads the decide tokens: `name:token` (every service but plexsphere's own) or
+/// `name:token:a|b` (those services only) entries, each name and token as the operator tokens.
 fn decide_credentials(
     knobs: &Knobs,
     operators: &[OperatorCredential],
-) -> Result<Vec<OperatorCredential>, ConfigError> {
-    let mut credentials: Vec<OperatorCredential> = Vec::new();
+) -> Result<Vec<DecideCredential>, ConfigError> {
+    let mut credentials: Vec<DecideCredential> = Vec::new();
     for entry in knobs.decide_tokens.as_deref().unwrap_or_default().split(',').map(str::trim) {
         if entry.is_empty() {
             continue;
         }
-        let Some((name, token)) = entry.split_once(':') else {
-            return Err(ConfigError::new(DECIDE_TOKENS, "every entry must be name:token"));
+        let mut fields = entry.splitn(3, ':');
+        let (Some(name), Some(token)) = (fields.next(), fields.next()) else {
+            return Err(ConfigError::new(
+                DECIDE_TOKENS,
+                "every entry must be name:token or name:token:service|service",
+            ));
         };
         let (name, token) = (name.trim(), token.trim());
+        let services = match fields.next() {
+            None => Services::AllButOwn,
+            Some(list) => decide_services(name, list)?,
+        };
         let name = audit::Actor::operator(name).map_err(|_| {
             ConfigError::new(
                 DECIDE_TOKENS,
@@ -561,15 +584,45 @@ fn decide_credentials(
             return Err(ConfigError::new(DECIDE_TOKENS, format!("caller {name} is named twice")));
         }
         // A decide token may not open the operator routes, nor the other way round.
-        if credentials.iter().chain(operators).any(|known| known.token == token) {
+        if credentials.iter().any(|known| known.token == token)
+            || operators.iter().any(|known| known.token == token)
+        {
             return Err(ConfigError::new(
                 DECIDE_TOKENS,
                 format!("the token of {name} is another caller's or an operator's too"),
             ));
         }
-        credentials.push(OperatorCredential { name, token: token.to_owned() });
+        credentials.push(DecideCredential { name, token: token.to_owned(), services });
     }
     Ok(credentials)
+}
+
+/// The services of one decide token: `|`-separated service names, none of them plexsphere's
+/// own (whose budgets only its own routes spend), none twice.
+fn decide_services(name: &str, list: &str) -> Result<Services, ConfigError> {
+    let mut services: Vec<String> = Vec::new();
+    for service in list.split('|').map(str::trim) {
+        let parsed = rules::Service::parse(service).map_err(|_| {
+            ConfigError::new(
+                DECIDE_TOKENS,
+                format!("caller {name}: service {service:?} must be 1 to 128 of A-Z a-z 0-9 . _ -, starting with a letter or digit"),
+            )
+        })?;
+        if parsed.is_own() {
+            return Err(ConfigError::new(
+                DECIDE_TOKENS,
+                format!("caller {name}: {service} is this project's own service, decided by its own routes; its snapshot needs an operator token"),
+            ));
+        }
+        if services.iter().any(|known| known == service) {
+            return Err(ConfigError::new(
+                DECIDE_TOKENS,
+                format!("caller {name}: service {service} is named twice"),
+            ));
+        }
+        services.push(service.to_owned());
+    }
+    Ok(Services::Only(services.into()))
 }
 
 /// Reads the operator tokens from both knobs.
@@ -673,7 +726,7 @@ pub struct Config {
     /// The limiters' commit mode.
     pub limiter_synchronous_commit: SynchronousCommit,
     /// Who may ask for decisions; empty: the decide API is off.
-    pub decide_callers: Vec<OperatorCredential>,
+    pub decide_callers: Vec<DecideCredential>,
     /// Where Envoy's rate limit service protocol is served, if anywhere.
     pub grpc_listen: Option<SocketAddr>,
 }

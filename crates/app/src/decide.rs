@@ -6,11 +6,21 @@
 //! entries from general to specific; the entry keyed `api` names the API, the others are
 //! attributes. Each descriptor is governed by the rule [`rules::Snapshot::matching`] ranks
 //! first, or by none (unlimited, no statement). Its bucket is its runtime key: 64 bits of
-//! SHA-256 over the service and every entry, under the budget [`service_buckets`]. The
+//! SHA-256 over the service, the API if the rule names one, and each attribute the rule names
+//! with the request's value for it ([`rules::Snapshot::keyed_by`]), under the budget
+//! [`service_buckets`]: an entry the rule does not name never splits its bucket. The
 //! descriptors of one request that some rule governs are decided together, all or nothing, in
 //! one round trip (a single take, or a pair), through the same guard (pre-check, circuit, fail
 //! modes) and coalescing as this project's own takes; a SHADOW rule's refusal admits and is
 //! counted. A CLOSED rule whose store cannot answer makes the whole request undecided.
+//!
+//! Envoy admits a request whose rate-limit call fails, so on this path an error is an
+//! admission: nothing a request's values hold (a long value, a control character, a huge
+//! cost, many descriptors) makes a decidable request an error. A value is hashed like any
+//! other; a cost no bucket can hold is over the limit, as [`ratebudget::Decision`]'s
+//! `InsufficientCapacity` is; more governed descriptors than one statement takes is over the
+//! limit. Only a request malformed as a message (no domain, a descriptor without entries) is
+//! [`DecideError::Invalid`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,15 +33,10 @@ pub use crate::budgets::service_buckets;
 use crate::budgets::{NotLoaded, RuleBudgets};
 use crate::metrics::Metrics;
 
-/// The most descriptors one request may carry.
-pub const MAX_DESCRIPTORS: usize = 16;
-/// The most entries one descriptor may carry (its `api` among them).
-pub const MAX_ENTRIES: usize = 17;
 /// The most descriptors of one request some rule may govern: they are decided together in one
-/// statement, which takes one bucket or two.
+/// statement, which takes one bucket or two. A request with more is over the limit, nothing
+/// spent, rather than a decision that is not all or nothing.
 pub const MAX_LIMITED: usize = 2;
-/// The largest cost a request may ask for: above it, a float would not count every hit.
-const MAX_HITS: u64 = 1 << 53;
 
 /// One entry of a descriptor.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -190,6 +195,12 @@ pub enum DecideError {
         /// What it must be.
         reason: String,
     },
+    /// The caller's decide token does not name the service.
+    #[error("this decide token does not decide for service {service}")]
+    Forbidden {
+        /// The service asked for.
+        service: String,
+    },
     /// This replica has not loaded the rules yet.
     #[error(transparent)]
     NotLoaded(#[from] NotLoaded),
@@ -224,23 +235,22 @@ impl DecideService {
         DecideService { budgets, spender, clock, metrics }
     }
 
-    /// Decides `request`.
+    /// Decides `request` for a caller that may ask for `services`.
     ///
     /// # Errors
-    /// [`DecideError::Invalid`] for a malformed request (nothing spent), [`DecideError::NotLoaded`]
-    /// before the rules are loaded, [`DecideError::Undecided`] when the store could not decide.
-    pub async fn decide(&self, request: &Request) -> Result<Answer, DecideError> {
-        let outcome = self.decide_counted(request).await;
-        let service = match &outcome {
-            Err(DecideError::Invalid { .. }) => None,
-            _ => Some(request.service.as_str()),
-        };
-        if let Some(service) = service {
-            let known = self.budgets.has_service_rules(service);
-            let label = if known { service } else { "other" };
+    /// [`DecideError::Invalid`] for a request malformed as a message (nothing spent),
+    /// [`DecideError::Forbidden`] for a service the caller may not ask for,
+    /// [`DecideError::NotLoaded`] before the rules are loaded, [`DecideError::Undecided`] when
+    /// the store could not decide.
+    pub async fn decide(&self, services: &Services, request: &Request) -> Result<Answer, DecideError> {
+        let outcome = self.decide_counted(services, request).await;
+        if !matches!(outcome, Err(DecideError::Invalid { .. })) {
+            let known = self.budgets.has_service_rules(&request.service);
+            let label = if known { request.service.as_str() } else { "other" };
             let outcome = match &outcome {
                 Ok(answer) if answer.overall == Code::Ok => "ok",
                 Ok(_) => "over_limit",
+                Err(DecideError::Forbidden { .. }) => "forbidden",
                 Err(_) => "error",
             };
             self.metrics.service_decision(label, outcome);
@@ -248,26 +258,18 @@ impl DecideService {
         outcome
     }
 
-    async fn decide_counted(&self, request: &Request) -> Result<Answer, DecideError> {
-        let service = rules::Service::parse(&request.service).map_err(|_| {
-            invalid(
-                "domain",
-                "must be a service name: 1 to 128 of A-Z a-z 0-9 . _ -, starting with a letter or digit",
-            )
-        })?;
-        if service.is_own() {
-            return Err(invalid(
-                "domain",
-                "plexsphere's own budgets are spent by its own routes, not decided for callers",
-            ));
+    async fn decide_counted(&self, services: &Services, request: &Request) -> Result<Answer, DecideError> {
+        if request.service.is_empty() {
+            return Err(invalid("domain", "is required: the service whose rules decide"));
         }
-        if request.descriptors.len() > MAX_DESCRIPTORS {
-            return Err(invalid("descriptors", format!("at most {MAX_DESCRIPTORS} a request")));
+        if request.descriptors.iter().any(|descriptor| descriptor.entries.is_empty()) {
+            return Err(invalid("descriptors", "each descriptor has at least one entry"));
         }
-        for descriptor in &request.descriptors {
-            check_entries(&descriptor.entries)?;
+        if !services.permits(&request.service) {
+            return Err(DecideError::Forbidden { service: request.service.clone() });
         }
         let compiled = self.budgets.compiled_rules()?;
+        let service = request.service.as_str();
         let mut statuses = vec![Status::UNLIMITED; request.descriptors.len()];
         // Each limited descriptor: its position in the request, its spend, and its rule's id.
         let mut limited: Vec<(usize, Spend, &str)> = Vec::new();
@@ -280,19 +282,21 @@ impl DecideService {
                 .filter(|entry| entry.key != "api")
                 .map(|entry| (entry.key.as_str(), entry.value.as_str()))
                 .collect();
-            let Some(governing) =
-                compiled.snapshot.matching(service.as_str(), api, &attributes).into_iter().next()
+            let Some(governing) = compiled.snapshot.matching(service, api, &attributes).into_iter().next()
             else {
                 continue;
             };
+            let Some(keyed_by) = compiled.snapshot.keyed_by(governing.index, &attributes) else {
+                continue;
+            };
+            let api = if governing.names_the_api { api } else { None };
+            // Every cost up to 2^53 is exact as a float, and above it a cost is above every
+            // burst (`Limit::MAX_BURST` is 1e15): the take answers `InsufficientCapacity`.
             let hits = descriptor.hits_addend.unwrap_or(request.hits_addend).max(1);
-            if hits > MAX_HITS {
-                return Err(invalid("hits_addend", format!("must be at most {MAX_HITS}")));
-            }
             let policy = compiled.policies[governing.index];
             let spend = Spend {
                 name: service_buckets(),
-                key: runtime_key(service.as_str(), &descriptor.entries),
+                key: runtime_key(service, api, &keyed_by),
                 cost: hits as f64,
                 limit: policy.limit,
                 enforcement: policy.enforcement,
@@ -303,12 +307,7 @@ impl DecideService {
             [] => return Ok(Answer { overall: Code::Ok, statuses, headers: Vec::new() }),
             [(_, only, _)] => Take::Single(*only),
             [(_, first, _), (_, second, _)] => Take::Pair(*first, *second),
-            _ => {
-                return Err(invalid(
-                    "descriptors",
-                    format!("at most {MAX_LIMITED} of a request's descriptors may be governed by rules: they are decided together, all or nothing, in one statement"),
-                ))
-            }
+            more => return Ok(too_many_limited(statuses, more)),
         };
         let now = self.clock.now();
         let decision = self.spender.decide_at(take, now).await.map_err(DecideError::Undecided)?;
@@ -357,6 +356,22 @@ impl DecideService {
     }
 }
 
+/// The answer to a request with more governed descriptors than one statement decides: each
+/// enforced one over the limit and nothing spent (a SHADOW rule's admits), so that no caller
+/// gets past a limit by adding descriptors.
+fn too_many_limited(mut statuses: Vec<Status>, limited: &[(usize, Spend, &str)]) -> Answer {
+    for (position, spend, rule_id) in limited {
+        let status = &mut statuses[*position];
+        status.current_limit = Some(CurrentLimit::of(rule_id, spend.limit));
+        if spend.enforcement.mode == ratebudget::Mode::Enforce {
+            status.code = Code::OverLimit;
+        }
+    }
+    let overall =
+        if statuses.iter().any(|status| status.code == Code::OverLimit) { Code::OverLimit } else { Code::Ok };
+    Answer { overall, statuses, headers: Vec::new() }
+}
+
 /// Whole tokens `fill` holds at `now` under `limit`, and how long until it is full again.
 fn reading(limit: Limit, fill: Fill, now: DateTime<Utc>) -> (u32, Duration) {
     let level = limit.level(fill, now).max(0.0).floor();
@@ -380,34 +395,30 @@ fn push_fields(
     }
 }
 
-/// Refuses a descriptor's entries unless there are 1 to [`MAX_ENTRIES`], each key 1 to 128
-/// characters and each value at most 256, none of them control characters.
-fn check_entries(entries: &[Entry]) -> Result<(), DecideError> {
-    let reason = format!("each descriptor has 1 to {MAX_ENTRIES} entries, each key 1 to 128 characters and each value at most 256, none of them control characters");
-    let printable = |text: &str, least: usize, most: usize| {
-        (least..=most).contains(&text.chars().count()) && !text.chars().any(char::is_control)
-    };
-    let fits = (1..=MAX_ENTRIES).contains(&entries.len())
-        && entries.iter().all(|entry| printable(&entry.key, 1, 128) && printable(&entry.value, 0, 256));
-    if fits {
-        Ok(())
-    } else {
-        Err(invalid("descriptors", reason))
-    }
-}
-
-/// A descriptor's bucket: the first 64 bits of SHA-256 over the service and every entry, each
-/// length-prefixed so no two descriptors write the same bytes.
-pub fn runtime_key(service: &str, entries: &[Entry]) -> Key {
+/// A governed descriptor's bucket: the first 64 bits of SHA-256 over the service, the API if
+/// the governing rule names one, and each attribute the rule names with the request's value
+/// for it ([`rules::Snapshot::keyed_by`]), each field length-prefixed so no two buckets write
+/// the same bytes. What the rule does not name is not hashed, so it never splits the bucket.
+pub fn runtime_key(service: &str, api: Option<&str>, keyed_by: &[(&str, &str)]) -> Key {
     let mut hash = Sha256::new();
     let mut field = |text: &str| {
         hash.update((text.len() as u64).to_be_bytes());
         hash.update(text.as_bytes());
     };
+    // Keys of the previous build hashed every entry; this tag keeps the two apart, so those
+    // buckets are only ever abandoned to the sweep.
+    field("rule-keyed");
     field(service);
-    for entry in entries {
-        field(&entry.key);
-        field(&entry.value);
+    match api {
+        Some(api) => {
+            field("api");
+            field(api);
+        }
+        None => field("*"),
+    }
+    for (attribute, value) in keyed_by {
+        field(attribute);
+        field(value);
     }
     let digest = hash.finalize();
     let mut first = [0u8; 8];
@@ -415,16 +426,29 @@ pub fn runtime_key(service: &str, entries: &[Entry]) -> Key {
     Key::from(uuid::Uuid::from_u64_pair(0, u64::from_be_bytes(first)))
 }
 
+/// The services a decide caller may ask for (`PLEXSPHERE_DECIDE_TOKENS`: `name:token` for
+/// every service but plexsphere's own, `name:token:a|b` for those only).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Services {
+    /// Every service except [`rules::OWN_SERVICE`], whose budgets this project spends itself.
+    AllButOwn,
+    /// Only these (never [`rules::OWN_SERVICE`]).
+    Only(Arc<[String]>),
+}
+
+impl Services {
+    /// Whether a caller with these may ask for `service`.
+    pub fn permits(&self, service: &str) -> bool {
+        match self {
+            Services::AllButOwn => service != rules::OWN_SERVICE,
+            Services::Only(services) => services.iter().any(|named| named == service),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn entries(pairs: &[(&str, &str)]) -> Vec<Entry> {
-        pairs
-            .iter()
-            .map(|(key, value)| Entry { key: (*key).to_owned(), value: (*value).to_owned() })
-            .collect()
-    }
 
     #[test]
     fn a_limit_is_said_in_the_smallest_unit_in_which_it_is_whole() {
@@ -442,28 +466,31 @@ mod tests {
     }
 
     #[test]
-    fn a_descriptors_bucket_is_its_service_and_every_entry_in_order() {
-        let contoso = entries(&[("api", "GET /v1/users"), ("tenant", "contoso")]);
-        let key = runtime_key("directory", &contoso);
-        assert_eq!(key, runtime_key("directory", &contoso));
-        assert_ne!(key, runtime_key("billing", &contoso));
+    fn a_bucket_is_its_service_the_rules_api_and_the_attributes_it_names() {
+        let contoso = [("tenant", "contoso")];
+        let key = runtime_key("directory", Some("GET /v1/users"), &contoso);
+        assert_eq!(key, runtime_key("directory", Some("GET /v1/users"), &contoso));
+        assert_ne!(key, runtime_key("billing", Some("GET /v1/users"), &contoso));
         assert_ne!(
             key,
-            runtime_key("directory", &entries(&[("tenant", "contoso"), ("api", "GET /v1/users")]))
+            runtime_key("directory", None, &contoso),
+            "a rule for every API is one bucket across them"
         );
+        assert_ne!(key, runtime_key("directory", Some("GET /v1/users"), &[("tenant", "fabrikam")]));
         // Length prefixes: moving a boundary between key and value is another bucket.
-        assert_ne!(runtime_key("s", &entries(&[("ab", "c")])), runtime_key("s", &entries(&[("a", "bc")])));
+        assert_ne!(runtime_key("s", None, &[("ab", "c")]), runtime_key("s", None, &[("a", "bc")]));
+        // An API named `*` is not the same as no API named.
+        assert_ne!(runtime_key("s", Some("*"), &[]), runtime_key("s", None, &[]));
         assert_eq!(key.as_uuid().as_u64_pair().0, 0, "64 bits");
     }
 
     #[test]
-    fn entries_are_bounded_and_printable() {
-        assert!(check_entries(&entries(&[("api", "GET /")])).is_ok());
-        assert!(check_entries(&entries(&[("tenant", "")])).is_ok());
-        assert!(check_entries(&[]).is_err());
-        assert!(check_entries(&entries(&[("", "x")])).is_err());
-        assert!(check_entries(&entries(&[("tenant", "a\u{7}b")])).is_err());
-        let many: Vec<(&str, &str)> = vec![("k", "v"); MAX_ENTRIES + 1];
-        assert!(check_entries(&entries(&many)).is_err());
+    fn a_caller_decides_for_every_service_but_our_own_or_only_those_its_token_names() {
+        assert!(Services::AllButOwn.permits("directory"));
+        assert!(!Services::AllButOwn.permits(rules::OWN_SERVICE));
+        let only = Services::Only(vec!["directory".to_owned(), "billing".to_owned()].into());
+        assert!(only.permits("billing"));
+        assert!(!only.permits("directory2"));
+        assert!(!only.permits(rules::OWN_SERVICE));
     }
 }

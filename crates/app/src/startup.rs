@@ -17,7 +17,7 @@ use crate::config::{Config, Pooler};
 use crate::credentials::CredentialCache;
 use crate::decide::DecideService;
 use crate::fill::FillHistory;
-use crate::http::{self, AppState, Handles, OperatorTokens};
+use crate::http::{self, AppState, DecideTokens, Handles, OperatorTokens};
 use crate::leader::{self, LeaderTiming, Leadership};
 use crate::limits::DecisionObserver;
 use crate::listener;
@@ -242,6 +242,7 @@ impl Application {
         // reference here would be a cycle that keeps every pool the metrics watch open.
         let reading = Arc::downgrade(&rule_budgets);
         metrics.watch_limits(move || reading.upgrade().map(|budgets| budgets.reading()).unwrap_or_default());
+        let decide_tokens = DecideTokens::new(&config.decide_callers);
         let state = AppState::new(Handles {
             access: access::AccessService::new(
                 Arc::new(access::PgAccessRepository::new(api_statements.clone())),
@@ -252,7 +253,7 @@ impl Application {
             budgets: store.clone(),
             guard: guard.clone(),
             operator_tokens: OperatorTokens::new(&config.operators),
-            decide_tokens: OperatorTokens::new(&config.decide_callers),
+            decide_tokens: decide_tokens.clone(),
             decide: decide.clone(),
             audit: Arc::new(audit::PgAuditLog::new(api_statements.clone())),
             credentials: credentials.clone(),
@@ -293,7 +294,7 @@ impl Application {
         let grpc_addr = grpc_listener.as_ref().map(tokio::net::TcpListener::local_addr).transpose()?;
         let grpc_server = http::grpc::RateLimitServer::new(
             decide,
-            OperatorTokens::new(&config.decide_callers),
+            decide_tokens,
             state.throttle.clone(),
             config.database_timeout,
         );

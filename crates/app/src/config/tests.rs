@@ -335,3 +335,31 @@ fn help_shows_each_ranged_knobs_range_as_its_parser_enforces_it() {
         rejects(&[(knob, above)], knob);
     }
 }
+
+/// Issue 32: a decide token names the services it decides for, or every service but ours.
+#[test]
+fn a_decide_token_decides_for_the_services_it_names_or_every_service_but_ours() {
+    let config = parse(&[(
+        DECIDE_TOKENS,
+        "envoy:envoy-token-0123456789, edge:edge-token-0123456789:directory|billing.v2",
+    )])
+    .unwrap();
+    let callers: Vec<(&str, &Services)> =
+        config.decide_callers.iter().map(|caller| (caller.name.as_str(), &caller.services)).collect();
+    assert_eq!(
+        callers,
+        [
+            ("envoy", &Services::AllButOwn),
+            ("edge", &Services::Only(vec!["directory".to_owned(), "billing.v2".to_owned()].into())),
+        ]
+    );
+    for refused in [
+        "edge:edge-token-0123456789:plexsphere",
+        "edge:edge-token-0123456789:directory|directory",
+        "edge:edge-token-0123456789:",
+        "edge:edge-token-0123456789:direct ory",
+        "edge",
+    ] {
+        rejects(&[(DECIDE_TOKENS, refused)], DECIDE_TOKENS);
+    }
+}

@@ -1,7 +1,9 @@
 //! The decide API over HTTP: `POST /v1/decide` (the request and answer of Envoy's rate limit
 //! service protocol, as JSON) and `GET /v1/snapshot` (a service's compiled rules, for a load
 //! balancer). Both need a decide token (`PLEXSPHERE_DECIDE_TOKENS`; the snapshot takes an
-//! operator's too), and are off while no decide token is configured.
+//! operator's too), and are off while no decide token is configured. A decide token asks only
+//! for the services it names (every service but plexsphere's own when it names none): another
+//! is 403, and plexsphere's own snapshot needs an operator's token.
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
@@ -15,11 +17,11 @@ use serde::{Deserialize, Serialize};
 use super::auth::bearer;
 use super::rule_routes::{rule_body, RuleBody};
 use super::{read_body, ApiError, AppState, OPERATOR_BODY_LIMIT};
-use crate::decide::{Answer, DecideError, Descriptor, Entry, Request, Status};
+use crate::decide::{Answer, DecideError, Descriptor, Entry, Request, Services, Status};
 
-/// A caller with a decide token; extracting it answers 404 while the decide API is off, and
-/// 401 for anyone without one.
-pub(super) struct DecideCaller;
+/// A caller with a decide token, and the services it may ask for; extracting it answers 404
+/// while the decide API is off, and 401 for anyone without one.
+pub(super) struct DecideCaller(Services);
 
 impl FromRequestParts<AppState> for DecideCaller {
     type Rejection = ApiError;
@@ -29,10 +31,10 @@ impl FromRequestParts<AppState> for DecideCaller {
             return Err(decide_off());
         }
         // A 401 spends from the client address's failure budget (throttle.rs), as any other.
-        let name =
+        let (name, services) =
             bearer(parts).and_then(|token| state.decide_tokens.find(token)).ok_or(ApiError::Unauthorized)?;
         tracing::Span::current().record("operator", tracing::field::display(&name));
-        Ok(DecideCaller)
+        Ok(DecideCaller(services))
     }
 }
 
@@ -129,6 +131,9 @@ impl From<DecideError> for ApiError {
     fn from(error: DecideError) -> Self {
         match error {
             invalid @ DecideError::Invalid { .. } => ApiError::bad_request(invalid),
+            forbidden @ DecideError::Forbidden { .. } => {
+                ApiError::Forbidden { message: forbidden.to_string() }
+            }
             DecideError::NotLoaded(not_loaded) => not_loaded.into(),
             undecided @ DecideError::Undecided(_) => ApiError::internal(undecided),
         }
@@ -137,10 +142,11 @@ impl From<DecideError> for ApiError {
 
 /// `POST /v1/decide`: Envoy's `RateLimitRequest` as JSON (`domain`, `descriptors` of `entries`,
 /// `hits_addend`), answered with its `RateLimitResponse` as JSON, 200 whether or not it is
-/// over the limit; 400 for a malformed request, 500 when a rule that fails closed could not be
-/// decided.
+/// over the limit; 400 for a request malformed as a message (no domain, a descriptor without
+/// entries), 403 for a service the token does not name, 500 when a rule that fails closed
+/// could not be decided.
 pub(super) async fn decide(
-    _: DecideCaller,
+    DecideCaller(services): DecideCaller,
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<AnswerBody>, ApiError> {
@@ -163,7 +169,7 @@ pub(super) async fn decide(
             .collect(),
         hits_addend: parsed.hits_addend,
     };
-    let answer = state.bounded("deciding", state.decide.decide(&request)).await??;
+    let answer = state.bounded("deciding", state.decide.decide(&services, &request)).await??;
     Ok(Json(answer_body(answer)))
 }
 
@@ -191,17 +197,21 @@ pub(super) async fn snapshot(
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim());
-    let allowed = presented.is_some_and(|token| {
-        state.decide_tokens.find(token).is_some() || state.operator_tokens.find(token).is_some()
-    });
-    if !allowed {
-        return Err(ApiError::Unauthorized);
-    }
+        .and_then(super::auth::bearer_token);
+    // An operator sees every service's rules, its own among them; a decide caller only those
+    // of the services it decides for.
+    let services = match presented {
+        Some(token) if state.operator_tokens.find(token).is_some() => None,
+        Some(token) => Some(state.decide_tokens.find(token).ok_or(ApiError::Unauthorized)?.1),
+        None => return Err(ApiError::Unauthorized),
+    };
     let Query(query) = query.map_err(|rejection| ApiError::bad_request(rejection.body_text()))?;
     let service = rules::Service::parse(&query.service)?;
+    if services.is_some_and(|services| !services.permits(service.as_str())) {
+        return Err(ApiError::Forbidden {
+            message: format!("this decide token does not decide for service {service}; plexsphere's own rules need an operator token"),
+        });
+    }
     let compiled = state.rule_budgets.compiled_rules()?;
     let revision = compiled.snapshot.revision();
     let etag = format!("\"{revision}\"");
@@ -218,7 +228,7 @@ pub(super) async fn snapshot(
     let body = SnapshotBody {
         service: service.as_str().to_owned(),
         revision,
-        precedence: "for a request's api and attributes (descriptor entries, general to specific): among the rules whose api is the request's or \"*\" and whose selector pairs are all among its attributes, the one naming the latest attribute wins, then a named api over \"*\", then the higher priority, then the smaller rule_id",
+        precedence: "for a request's api and attributes (descriptor entries, general to specific): among the rules whose api is the request's or \"*\" and whose selector pairs are all among its attributes, the one naming the latest attribute wins, then one naming it with an exact value over \"*\", then a named api over \"*\", then the higher priority, then the smaller rule_id; the winner's bucket is keyed by the attributes it names (\"*\": one bucket per value) and by its api unless that is \"*\"",
         rules: compiled.snapshot.service_rules(service.as_str()).into_iter().map(rule_body).collect(),
     };
     Ok((StatusCode::OK, [(header::ETAG, tag)], Json(body)).into_response())

@@ -29,6 +29,12 @@ pub enum ApiError {
     },
     /// 401: a missing or wrong bearer token.
     Unauthorized,
+    /// 403: a valid token that may not do this (a decide token asking for a service it does
+    /// not name).
+    Forbidden {
+        /// What it may not do, for people.
+        message: String,
+    },
     /// 404: an unknown route, Domain or secret.
     NotFound {
         /// The machine-readable code.
@@ -105,6 +111,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::Conflict { .. } => StatusCode::CONFLICT,
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
@@ -141,6 +148,7 @@ impl IntoResponse for ApiError {
         let (code, message): (&str, String) = match &self {
             ApiError::BadRequest { code, message } => (code, message.clone()),
             ApiError::Unauthorized => ("unauthorized", "missing or invalid bearer token".to_owned()),
+            ApiError::Forbidden { message } => ("forbidden", message.clone()),
             ApiError::NotFound { code, message } => (code, message.clone()),
             ApiError::Conflict { code, message } => (code, message.clone()),
             ApiError::BodyTimeout { after } => {

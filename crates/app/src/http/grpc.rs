@@ -6,9 +6,13 @@
 //! A caller sends a decide token as `authorization: Bearer <token>` metadata (Envoy's
 //! `grpc_service.initial_metadata`); without a valid one the call is `UNAUTHENTICATED`, and
 //! counts as a failed authentication of its peer address (the HTTP API's throttle, shared by
-//! every replica), which once spent answers `RESOURCE_EXHAUSTED` before looking at the token.
-//! A request that cannot be decided (a CLOSED rule whose store cannot answer) is `UNAVAILABLE`,
-//! so Envoy's `failure_mode_deny` decides; a malformed one is `INVALID_ARGUMENT`.
+//! every replica), which once spent answers `RESOURCE_EXHAUSTED`. A valid token is looked at
+//! first and never refused for its address's failures: behind a load balancer or SNAT every
+//! Envoy shares one address, and one stray caller with a wrong token must not lock them out.
+//! A service the token does not name is `PERMISSION_DENIED`. A request that cannot be decided
+//! (a CLOSED rule whose store cannot answer) is `UNAVAILABLE`, so Envoy's `failure_mode_deny`
+//! decides; one malformed as a message (no domain, a descriptor without entries) is
+//! `INVALID_ARGUMENT`.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -16,9 +20,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use super::auth::OperatorTokens;
+use super::auth::{bearer_token, DecideTokens};
 use super::throttle::AuthThrottle;
-use crate::decide::{self, Code, DecideError, DecideService, Unit};
+use crate::decide::{self, Code, DecideError, DecideService, Services, Unit};
 
 /// The messages and server of the vendored protos, as tonic-prost-build writes them.
 #[allow(missing_docs, clippy::all, clippy::pedantic, unreachable_pub)]
@@ -61,7 +65,7 @@ use envoy::service::ratelimit::v3::{rate_limit_response, RateLimitRequest, RateL
 /// The gRPC service: decisions for callers with a decide token.
 pub struct RateLimitServer {
     decide: DecideService,
-    tokens: OperatorTokens,
+    tokens: DecideTokens,
     throttle: AuthThrottle,
     /// A call's whole deadline: the request's database time, as for the HTTP API.
     database_timeout: Duration,
@@ -71,33 +75,33 @@ impl RateLimitServer {
     /// Decides with `decide` for the callers `tokens` names, counting failures in `throttle`.
     pub fn new(
         decide: DecideService,
-        tokens: OperatorTokens,
+        tokens: DecideTokens,
         throttle: AuthThrottle,
         database_timeout: Duration,
     ) -> RateLimitServer {
         RateLimitServer { decide, tokens, throttle, database_timeout }
     }
 
-    /// Who is calling, or the status that refuses the call.
-    async fn authenticate<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        let peer = request.remote_addr().map(|address| address.ip());
-        if let Some(peer) = peer.filter(|peer| self.throttle.known_spent(*peer)) {
-            tracing::debug!(%peer, "gRPC call refused: its address's failed authentications are spent");
-            return Err(Status::resource_exhausted("too many failed authentications from this address"));
-        }
+    /// The services the caller may ask for, or the status that refuses the call. Only a call
+    /// without a valid token meets its address's failure budget.
+    async fn authenticate<T>(&self, request: &Request<T>) -> Result<Services, Status> {
         let presented = request
             .metadata()
             .get("authorization")
             .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.split_once(' '))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, token)| token.trim());
-        if presented.and_then(|token| self.tokens.find(token)).is_some() {
-            return Ok(());
+            .and_then(bearer_token);
+        if let Some((_, services)) = presented.and_then(|token| self.tokens.find(token)) {
+            return Ok(services);
         }
-        if let Some(peer) = peer {
+        let exhausted = || Status::resource_exhausted("too many failed authentications from this address");
+        if let Some(peer) = request.remote_addr().map(|address| address.ip()) {
+            // A spent address is refused without spending a statement on it.
+            if self.throttle.known_spent(peer) {
+                tracing::debug!(%peer, "gRPC call refused: its address's failed authentications are spent");
+                return Err(exhausted());
+            }
             if self.throttle.count_failure(peer).await {
-                return Err(Status::resource_exhausted("too many failed authentications from this address"));
+                return Err(exhausted());
             }
         }
         Err(Status::unauthenticated("a decide token is required: authorization: Bearer <token>"))
@@ -178,13 +182,17 @@ impl RateLimitService for RateLimitServer {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        self.authenticate(&request).await?;
+        let services = self.authenticate(&request).await?;
         let request = request_of(request.into_inner());
-        let decided = tokio::time::timeout(self.database_timeout, self.decide.decide(&request)).await;
+        let decided =
+            tokio::time::timeout(self.database_timeout, self.decide.decide(&services, &request)).await;
         match decided {
             Ok(Ok(answer)) => Ok(Response::new(response_of(answer))),
             Ok(Err(invalid @ DecideError::Invalid { .. })) => {
                 Err(Status::invalid_argument(invalid.to_string()))
+            }
+            Ok(Err(forbidden @ DecideError::Forbidden { .. })) => {
+                Err(Status::permission_denied(forbidden.to_string()))
             }
             Ok(Err(undecided)) => {
                 tracing::error!(error = %crate::telemetry::cause_chain(&undecided), "a ShouldRateLimit call could not be decided");

@@ -36,7 +36,7 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
 use crate::credentials::CredentialCache;
-pub use auth::OperatorTokens;
+pub use auth::{DecideTokens, OperatorTokens};
 pub use error::{cause_chain, error_response, panic_response, ApiError};
 
 use crate::budgets::RuleBudgets;
@@ -87,7 +87,7 @@ pub struct Handles {
     /// The operator routes' tokens, by operator.
     pub operator_tokens: OperatorTokens,
     /// The tokens of callers that ask for decisions (empty: the decide API is off).
-    pub decide_tokens: OperatorTokens,
+    pub decide_tokens: DecideTokens,
     /// Decisions for other services.
     pub decide: crate::decide::DecideService,
     /// Failed authentications per client address, across replicas.
