@@ -14,8 +14,8 @@ use clap::{Args, FromArgMatches};
 use ipnet::IpNet;
 use std::collections::HashMap;
 
-use crate::decide::Services;
 use ratebudget::{FailMode, Limit, Scope};
+use rules::Services;
 use sqlx::postgres::PgConnectOptions;
 
 /// `DATABASE_URL`: the PostgreSQL database every replica shares.

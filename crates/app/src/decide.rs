@@ -242,7 +242,7 @@ impl DecideService {
     /// [`DecideError::Forbidden`] for a service the caller may not ask for,
     /// [`DecideError::NotLoaded`] before the rules are loaded, [`DecideError::Undecided`] when
     /// the store could not decide.
-    pub async fn decide(&self, services: &Services, request: &Request) -> Result<Answer, DecideError> {
+    pub async fn decide(&self, services: &rules::Services, request: &Request) -> Result<Answer, DecideError> {
         let outcome = self.decide_counted(services, request).await;
         if !matches!(outcome, Err(DecideError::Invalid { .. })) {
             let known = self.budgets.has_service_rules(&request.service);
@@ -258,7 +258,11 @@ impl DecideService {
         outcome
     }
 
-    async fn decide_counted(&self, services: &Services, request: &Request) -> Result<Answer, DecideError> {
+    async fn decide_counted(
+        &self,
+        services: &rules::Services,
+        request: &Request,
+    ) -> Result<Answer, DecideError> {
         if request.service.is_empty() {
             return Err(invalid("domain", "is required: the service whose rules decide"));
         }
@@ -426,26 +430,6 @@ pub fn runtime_key(service: &str, api: Option<&str>, keyed_by: &[(&str, &str)]) 
     Key::from(uuid::Uuid::from_u64_pair(0, u64::from_be_bytes(first)))
 }
 
-/// The services a decide caller may ask for (`PLEXSPHERE_DECIDE_TOKENS`: `name:token` for
-/// every service but plexsphere's own, `name:token:a|b` for those only).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Services {
-    /// Every service except [`rules::OWN_SERVICE`], whose budgets this project spends itself.
-    AllButOwn,
-    /// Only these (never [`rules::OWN_SERVICE`]).
-    Only(Arc<[String]>),
-}
-
-impl Services {
-    /// Whether a caller with these may ask for `service`.
-    pub fn permits(&self, service: &str) -> bool {
-        match self {
-            Services::AllButOwn => service != rules::OWN_SERVICE,
-            Services::Only(services) => services.iter().any(|named| named == service),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -482,15 +466,5 @@ mod tests {
         // An API named `*` is not the same as no API named.
         assert_ne!(runtime_key("s", Some("*"), &[]), runtime_key("s", None, &[]));
         assert_eq!(key.as_uuid().as_u64_pair().0, 0, "64 bits");
-    }
-
-    #[test]
-    fn a_caller_decides_for_every_service_but_our_own_or_only_those_its_token_names() {
-        assert!(Services::AllButOwn.permits("directory"));
-        assert!(!Services::AllButOwn.permits(rules::OWN_SERVICE));
-        let only = Services::Only(vec!["directory".to_owned(), "billing".to_owned()].into());
-        assert!(only.permits("billing"));
-        assert!(!only.permits("directory2"));
-        assert!(!only.permits(rules::OWN_SERVICE));
     }
 }

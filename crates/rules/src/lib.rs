@@ -41,7 +41,9 @@ pub use model::{
     Actor, Algorithm, Change, FailMode, InvalidRule, Mode, Rule, RuleDraft, RuleId, RuleSpec, RuleVersion,
     Selector, Tier, UsageCount, UsageMinute, Version,
 };
-pub use model::{Api, Attributes, Pattern, Service, ServiceDraft, Target, MAX_ATTRIBUTES, OWN_SERVICE};
+pub use model::{
+    Api, Attributes, Pattern, Service, ServiceDraft, Services, Target, MAX_ATTRIBUTES, OWN_SERVICE,
+};
 pub use persistence::{PgRulesRepository, CHANGES_CHANNEL};
 pub use ports::{Created, Replaced, RolledBack, RulesRepository};
 pub use service::{Put, RulesService};

@@ -9,7 +9,9 @@ use uuid::Uuid;
 
 mod target;
 
-pub use target::{Api, Attributes, Pattern, Service, ServiceDraft, Target, MAX_ATTRIBUTES, OWN_SERVICE};
+pub use target::{
+    Api, Attributes, Pattern, Service, ServiceDraft, Services, Target, MAX_ATTRIBUTES, OWN_SERVICE,
+};
 
 #[cfg(test)]
 mod tests;

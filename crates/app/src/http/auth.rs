@@ -10,7 +10,7 @@ use subtle::ConstantTimeEq;
 
 use super::{ApiError, AppState};
 use crate::config::{DecideCredential, OperatorCredential};
-use crate::decide::Services;
+use rules::Services;
 
 /// The operator routes' bearer tokens, each kept only as a digest beside the name it acts
 /// under.

@@ -17,7 +17,8 @@ use serde::{Deserialize, Serialize};
 use super::auth::bearer;
 use super::rule_routes::{rule_body, RuleBody};
 use super::{read_body, ApiError, AppState, OPERATOR_BODY_LIMIT};
-use crate::decide::{Answer, DecideError, Descriptor, Entry, Request, Services, Status};
+use crate::decide::{Answer, DecideError, Descriptor, Entry, Request, Status};
+use rules::Services;
 
 /// A caller with a decide token, and the services it may ask for; extracting it answers 404
 /// while the decide API is off, and 401 for anyone without one.

@@ -22,7 +22,8 @@ use tonic::{Request, Response, Status};
 
 use super::auth::{bearer_token, DecideTokens};
 use super::throttle::AuthThrottle;
-use crate::decide::{self, Code, DecideError, DecideService, Services, Unit};
+use crate::decide::{self, Code, DecideError, DecideService, Unit};
+use rules::Services;
 
 /// The messages and server of the vendored protos, as tonic-prost-build writes them.
 #[allow(missing_docs, clippy::all, clippy::pedantic, unreachable_pub)]

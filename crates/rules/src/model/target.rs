@@ -66,6 +66,26 @@ impl fmt::Display for Service {
     }
 }
 
+/// The services a decide caller may ask for (`PLEXSPHERE_DECIDE_TOKENS`: `name:token` for
+/// every service but plexsphere's own, `name:token:a|b` for those only).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Services {
+    /// Every service except [`OWN_SERVICE`], whose budgets this project spends itself.
+    AllButOwn,
+    /// Only these (never [`OWN_SERVICE`]).
+    Only(Arc<[String]>),
+}
+
+impl Services {
+    /// Whether a caller with these may ask for `service`.
+    pub fn permits(&self, service: &str) -> bool {
+        match self {
+            Services::AllButOwn => service != OWN_SERVICE,
+            Services::Only(services) => services.iter().any(|named| named == service),
+        }
+    }
+}
+
 /// Which of a service's APIs a rule governs.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Api {
@@ -249,5 +269,20 @@ impl ServiceDraft {
         let selector =
             Attributes::from_pairs(self.selector.iter().map(|(key, value)| (key.as_str(), value.as_str())))?;
         Ok(Target::Service { service, api, selector })
+    }
+}
+
+#[cfg(test)]
+mod services_tests {
+    use super::*;
+
+    #[test]
+    fn a_caller_decides_for_every_service_but_our_own_or_only_those_its_token_names() {
+        assert!(Services::AllButOwn.permits("directory"));
+        assert!(!Services::AllButOwn.permits(OWN_SERVICE));
+        let only = Services::Only(vec!["directory".to_owned(), "billing".to_owned()].into());
+        assert!(only.permits("billing"));
+        assert!(!only.permits("directory2"));
+        assert!(!only.permits(OWN_SERVICE));
     }
 }
