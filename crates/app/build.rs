@@ -1,18 +1,9 @@
-//! Rebuilds the crate when a migration changes, since `sqlx::migrate!` embeds them; compiles
-//! the vendored Envoy rate limit protos; and names the commit the binary is built from for
-//! `plexsphere --version`.
+//! Rebuilds the crate when a migration changes, since `sqlx::migrate!` embeds them, and names
+//! the commit the binary is built from for `plexsphere --version`.
 use std::process::Command;
 
 fn main() {
     println!("cargo:rerun-if-changed=../../migrations");
-    println!("cargo:rerun-if-changed=proto");
-    // Envoy's rate limit service protocol, from the vendored subset (proto/README.md).
-    let descriptors = protox::compile(["envoy/service/ratelimit/v3/rls.proto"], ["proto"])
-        .expect("the vendored Envoy protos compile");
-    tonic_prost_build::configure()
-        .build_client(true)
-        .compile_fds(descriptors)
-        .expect("the gRPC server code is generated");
     // A new commit moves HEAD or the branch it names; a build outside a git checkout (a source
     // archive) says so rather than failing.
     // A path that does not exist (packed-refs before the first `git gc`) would rerun this

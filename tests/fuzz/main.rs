@@ -138,7 +138,7 @@ fn knobs() {
             return;
         };
         match app::config::Config::from_knobs(&knobs) {
-            Ok(config) => assert!(!config.operators.is_empty()),
+            Ok(config) => assert!(!config.auth.operators.is_empty()),
             Err(error) => {
                 // A secret knob's value never appears in the error.
                 let secret = [

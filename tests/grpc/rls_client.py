@@ -1,7 +1,7 @@
 """A client of Envoy's rate limit service protocol, for the tests (tests/it/decide.rs).
 
-Built by grpcio-tools from the vendored protos, independently of the server's own generated
-code. Reads a JSON object from standard input:
+Built by grpcio-tools from Envoy's protos (tests/grpc/setup.sh), independently of the
+server's generated code. Reads a JSON object from standard input:
 
     {"target": "127.0.0.1:8081", "calls": [
         {"token": "...", "domain": "directory", "hits_addend": 1,

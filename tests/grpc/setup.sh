@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# An independent client of Envoy's rate limit service protocol for the tests (tests/it/decide.rs):
-# Python's grpcio, with the vendored protos (crates/app/proto) compiled by grpcio-tools, in a
-# virtual environment of its own under target/. Installs what is missing; does nothing when all
-# is there. Prints the python to run.
+# An independent client of Envoy's rate limit protocols for the tests (tests/it/decide.rs):
+# Python's grpcio, with Envoy's own protos compiled by grpcio-tools, in a virtual environment of
+# its own under target/. The protos are those the envoy-types crate ships in its package (the
+# server's generated types come from the same crate, but this client is built from the .proto
+# files by another compiler, so the wire format is checked against a second implementation).
+# Installs what is missing; does nothing when all is there. Prints the python to run.
 #
 #   bash tests/grpc/setup.sh
 set -euo pipefail
@@ -22,14 +24,35 @@ if ! "$python" -c 'import grpc, grpc_tools, google.protobuf' >/dev/null 2>&1; th
     "$venv/bin/pip" install --quiet --disable-pip-version-check grpcio grpcio-tools protobuf >&2
 fi
 
-# The protos compiled again whenever they are newer than what was generated from them.
-stamp="$generated/.compiled"
-if [ ! -e "$stamp" ] || [ -n "$(find crates/app/proto -name '*.proto' -newer "$stamp")" ]; then
+# Where cargo unpacked the envoy-types package this workspace locks.
+manifest=$(cargo metadata --format-version 1 --locked 2>/dev/null | "$python" -c '
+import json, sys
+packages = json.load(sys.stdin)["packages"]
+print(next(p["manifest_path"] for p in packages if p["name"] == "envoy-types"))')
+protos="$(dirname "$manifest")/proto"
+
+# Compiled again whenever the package (its version is in its path) changes.
+stamp="$generated/.compiled-from"
+if [ ! -e "$stamp" ] || [ "$(cat "$stamp")" != "$protos" ]; then
     rm -rf "$generated"
     mkdir -p "$generated"
     well_known=$("$python" -c 'import grpc_tools, os; print(os.path.join(os.path.dirname(grpc_tools.__file__), "_proto"))')
-    (cd crates/app/proto && find envoy -name '*.proto' -print0 | xargs -0 "../../../$python" -m grpc_tools.protoc \
-        -I . -I "$well_known" --python_out="../../../$generated" --grpc_python_out="../../../$generated")
-    touch "$stamp"
+    includes=(-I "$protos/data-plane-api" -I "$protos/xds" -I "$protos/protoc-gen-validate"
+              -I "$protos/googleapis" -I "$protos/cel-spec/proto" -I "$well_known")
+    services=(envoy/service/ratelimit/v3/rls.proto envoy/service/rate_limit_quota/v3/rlqs.proto)
+    # Every file the services import, transitively: Python's generated modules import theirs.
+    "$python" -m grpc_tools.protoc "${includes[@]}" --include_imports \
+        --descriptor_set_out="$generated/all.pb" "${services[@]}"
+    mapfile -t files < <("$python" -c '
+import sys
+from google.protobuf import descriptor_pb2
+files = descriptor_pb2.FileDescriptorSet()
+files.ParseFromString(open(sys.argv[1], "rb").read())
+for file in files.file:
+    if not file.name.startswith("google/protobuf/"):
+        print(file.name)' "$generated/all.pb")
+    "$python" -m grpc_tools.protoc "${includes[@]}" --python_out="$generated" "${files[@]}"
+    "$python" -m grpc_tools.protoc "${includes[@]}" --grpc_python_out="$generated" "${services[@]}"
+    echo "$protos" > "$stamp"
 fi
 echo "$python"

@@ -63,7 +63,7 @@ async fn enrol(service: &AccessService, domain: DomainId) -> Option<Duration> {
     }
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_domain_reads_back_as_it_was_created(pool: PgPool) {
     let service = service(&pool, &ManualClock::new(instant()), default_limit());
 
@@ -76,7 +76,7 @@ async fn a_domain_reads_back_as_it_was_created(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn an_unknown_domain_is_not_found(pool: PgPool) {
     let service = service(&pool, &ManualClock::new(instant()), default_limit());
     create_domain(&service, Tier::DEFAULT).await;
@@ -84,7 +84,7 @@ async fn an_unknown_domain_is_not_found(pool: PgPool) {
     assert_eq!(service.find_domain(DomainId::random()).await.unwrap(), None);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn the_tier_directory_holds_every_domain_off_the_default_and_each_change_is_one_revision(pool: PgPool) {
     let service = service(&pool, &ManualClock::new(instant()), default_limit());
     let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await.unwrap();
@@ -115,7 +115,7 @@ async fn the_tier_directory_holds_every_domain_off_the_default_and_each_change_i
     assert_eq!(service.tier_revision().await.unwrap(), 3);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn an_enrolled_node_authenticates_with_its_token_and_no_other(pool: PgPool) {
     let service = service(&pool, &ManualClock::new(instant()), default_limit());
     let domain = create_domain(&service, Tier::DEFAULT).await;
@@ -135,7 +135,7 @@ async fn an_enrolled_node_authenticates_with_its_token_and_no_other(pool: PgPool
     assert!(matches!(service.authenticate(&tampered).await, Err(AuthError::MalformedToken)));
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn the_nodes_row_holds_only_the_32_byte_hash_of_the_token(pool: PgPool) {
     let service = service(&pool, &ManualClock::new(instant()), default_limit());
     let domain = create_domain(&service, Tier::DEFAULT).await;
@@ -155,7 +155,7 @@ async fn the_nodes_row_holds_only_the_32_byte_hash_of_the_token(pool: PgPool) {
     assert!(!whole_row.contains(secret), "the row holds the token: {whole_row}");
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn issuance_follows_the_budget_the_spender_is_given(pool: PgPool) {
     let clock = ManualClock::new(instant());
     let service = service(&pool, &clock, limit(4.0, 3.0));
@@ -172,7 +172,7 @@ async fn issuance_follows_the_budget_the_spender_is_given(pool: PgPool) {
     assert_eq!(enrol(&service, domain.id).await, Some(Duration::from_millis(250)));
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn each_domain_spends_from_a_bucket_of_its_own(pool: PgPool) {
     let service = service(&pool, &ManualClock::new(instant()), limit(1.0, 1.0));
     let exhausted = create_domain(&service, Tier::DEFAULT).await;
@@ -184,7 +184,7 @@ async fn each_domain_spends_from_a_bucket_of_its_own(pool: PgPool) {
     assert_eq!(enrol(&service, other.id).await, None);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn enrolment_into_an_unknown_domain_spends_no_budget(pool: PgPool) {
     let service = service(&pool, &ManualClock::new(instant()), default_limit());
     let unknown = DomainId::random();
@@ -197,7 +197,7 @@ async fn enrolment_into_an_unknown_domain_spends_no_budget(pool: PgPool) {
     assert_eq!(buckets, 0);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_limiter_on_an_unreachable_store_is_unavailable_never_rate_limited(pool: PgPool) {
     let clock = ManualClock::new(instant());
     let unreachable = limiter(&unreachable_pool(), &clock, default_limit());
@@ -212,7 +212,7 @@ async fn a_limiter_on_an_unreachable_store_is_unavailable_never_rate_limited(poo
     assert_eq!(node_count(&pool, domain.id).await, 0);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn budgets_that_cannot_give_a_policy_make_issuance_unavailable_never_rate_limited(pool: PgPool) {
     // No policy for the issuance scope (as before a replica has loaded its rules): nothing
     // is decided, and that is not a refusal.
@@ -221,7 +221,7 @@ async fn budgets_that_cannot_give_a_policy_make_issuance_unavailable_never_rate_
     assert!(matches!(result, Err(IssuanceLimitError::Unavailable(_))), "{result:?}");
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_store_that_cannot_answer_makes_every_use_case_unavailable(pool: PgPool) {
     let clock = ManualClock::new(instant());
     let service = AccessService::new(
@@ -253,7 +253,7 @@ async fn violated_constraint(pool: &PgPool, sql: &str) -> String {
     }
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn the_tables_reject_an_unknown_tier_a_bad_name_and_a_short_hash(pool: PgPool) {
     let domain = |name: &str, tier: &str| {
         format!("INSERT INTO plexsphere.domains (id, name, tier) VALUES (gen_random_uuid(), {name}, {tier})")
@@ -294,7 +294,7 @@ async fn the_tables_reject_an_unknown_tier_a_bad_name_and_a_short_hash(pool: PgP
 
 // ---- invisible characters in names ----
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn the_tables_refuse_exactly_the_characters_the_model_calls_invisible(pool: PgPool) {
     // The CHECK's own pattern, run over every code point PostgreSQL can hold in text.
     let definition: String = sqlx::query_scalar(
@@ -338,7 +338,7 @@ async fn names_stored_before_the_rule_show_their_invisible_characters_as_replace
         .execute(&pool)
         .await
         .unwrap();
-    app::MIGRATOR.run(&pool).await.unwrap();
+    app::migrations::MIGRATOR.run(&pool).await.unwrap();
     let name: String = sqlx::query_scalar("SELECT name FROM plexsphere.domains WHERE id = $1")
         .bind(domain)
         .fetch_one(&pool)

@@ -22,7 +22,7 @@ fn check(answer: &crate::support::replicas::Answer, status: StatusCode, code: &s
     assert!(answer.body["error"].as_str().is_some_and(|error| !error.is_empty()), "{answer:?}");
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn operator_routes_need_the_operator_token(_: PgPoolOptions, connect: PgConnectOptions) {
     let replica = replica(&connect).await;
     let body = Some(json!({ "name": "d" }).to_string().into_bytes());
@@ -38,7 +38,7 @@ async fn operator_routes_need_the_operator_token(_: PgPoolOptions, connect: PgCo
     replica.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn bad_input_is_a_400_and_writes_nothing(pool_options: PgPoolOptions, connect: PgConnectOptions) {
     let pool: PgPool = pool_options.connect_with(connect.clone()).await.unwrap();
     let replica = replica(&connect).await;
@@ -102,7 +102,7 @@ async fn bad_input_is_a_400_and_writes_nothing(pool_options: PgPoolOptions, conn
     replica.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn unknown_domains_secrets_and_routes_are_404(_: PgPoolOptions, connect: PgConnectOptions) {
     let replica = replica(&connect).await;
     let nobody = uuid::Uuid::new_v4();
@@ -126,7 +126,7 @@ async fn unknown_domains_secrets_and_routes_are_404(_: PgPoolOptions, connect: P
     replica.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn node_routes_need_a_node_token(_: PgPoolOptions, connect: PgConnectOptions) {
     let replica = replica(&connect).await;
     let domain = replica.create_domain("d", None).await;
@@ -142,7 +142,7 @@ async fn node_routes_need_a_node_token(_: PgPoolOptions, connect: PgConnectOptio
     replica.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_node_reads_only_its_own_domains_secrets(_: PgPoolOptions, connect: PgConnectOptions) {
     let replica = replica(&connect).await;
     let (first, second) =
@@ -167,7 +167,7 @@ async fn a_node_reads_only_its_own_domains_secrets(_: PgPoolOptions, connect: Pg
     replica.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn the_operator_reads_a_budget_over_http_and_with_the_cli(_: PgPoolOptions, connect: PgConnectOptions) {
     let replica = replica(&connect).await;
     let domain = replica.create_domain("d", None).await;
@@ -196,7 +196,7 @@ async fn the_operator_reads_a_budget_over_http_and_with_the_cli(_: PgPoolOptions
     replica.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn probes_and_metrics_answer(_: PgPoolOptions, connect: PgConnectOptions) {
     let replica = replica(&connect).await;
     assert_eq!(replica.get("/healthz", None).await.status, StatusCode::OK);
@@ -220,7 +220,7 @@ async fn probes_and_metrics_answer(_: PgPoolOptions, connect: PgConnectOptions) 
     replica.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_500_is_one_log_line_naming_the_route_the_request_and_the_cause_chain(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
@@ -257,7 +257,7 @@ async fn a_500_is_one_log_line_naming_the_route_the_request_and_the_cause_chain(
     replica.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_domain_name_in_use_is_a_409_naming_the_domain_that_has_it(
     _: PgPoolOptions,
     connect: PgConnectOptions,

@@ -45,7 +45,7 @@ async fn credential_lookups(connect: &PgConnectOptions) -> i64 {
     .unwrap()
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn two_thousand_made_up_tokens_from_one_address_cost_at_most_the_burst_and_fifty_lookups(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -84,7 +84,7 @@ async fn two_thousand_made_up_tokens_from_one_address_cost_at_most_the_burst_and
     assert!((22..=20 + 50).contains(&lookups), "{lookups} credential lookups for 2,000 made-up tokens");
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn replicas_share_one_failure_budget_per_address_and_never_throttle_a_valid_token(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -143,7 +143,7 @@ async fn replicas_share_one_failure_budget_per_address_and_never_throttle_a_vali
     b.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_throttled_address_is_told_its_failure_budget_and_still_reaches_what_needs_no_credential(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -181,7 +181,7 @@ async fn a_throttled_address_is_told_its_failure_budget_and_still_reaches_what_n
     replica.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn readiness_probes_the_database_at_most_once_a_second(_: PgPoolOptions, connect: PgConnectOptions) {
     // Count every connection the probe takes from its pool.
     let acquired = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -194,7 +194,7 @@ async fn readiness_probes_the_database_at_most_once_a_second(_: PgPoolOptions, c
         .connect_with(connect)
         .await
         .unwrap();
-    let readiness = app::http::probes::Readiness::new(pool, Duration::from_secs(1));
+    let readiness = app::runtime::readiness::Readiness::new(pool, Duration::from_secs(1));
     let answers = futures::future::join_all((0..200).map(|_| readiness.check())).await;
     assert!(answers.iter().all(Result::is_ok));
     assert_eq!(acquired.load(std::sync::atomic::Ordering::SeqCst), 1, "200 answers, one probe");

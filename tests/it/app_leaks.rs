@@ -17,7 +17,7 @@ use crate::support::replicas::{config, Answer, Replica};
 const OLD_KEY: &str = "XFxcXFxcXFxcXFxcXFxcXFxcXFxcXFxcXFxcXFxcXFw=";
 const NEW_KEY: &str = "bW1tbW1tbW1tbW1tbW1tbW1tbW1tbW1tbW1tbW1tbW0=";
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn no_token_secret_value_or_key_reaches_the_logs_error_bodies_or_metrics(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,

@@ -74,7 +74,7 @@ async fn outage_and_recovery(connect: PgConnectOptions, outage: Mode) {
     replica.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn with_the_database_cut_off_requests_fail_closed_with_500_and_recover_by_themselves(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -84,7 +84,7 @@ async fn with_the_database_cut_off_requests_fail_closed_with_500_and_recover_by_
 
 /// Connections stay open but nothing crosses them: without the request's database deadline
 /// these calls would hang (the test client gives up after 20 s and fails the test).
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn with_the_network_silent_requests_answer_500_within_the_database_timeout(
     _: PgPoolOptions,
     connect: PgConnectOptions,

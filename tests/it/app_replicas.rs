@@ -35,7 +35,7 @@ async fn count_rows(pool: &PgPool, scope: &str, key: &str) -> i64 {
     .unwrap()
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn concurrent_secret_reads_through_two_replicas_admit_exactly_the_nodes_burst(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
@@ -90,7 +90,7 @@ async fn swept(replica: &Replica) -> bool {
     text.lines().any(|line| line.starts_with("plexsphere_rate_budget_sweeps_total{outcome=\"ok\"}"))
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn issuance_follows_a_domains_own_policy_and_the_default_otherwise(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -133,7 +133,7 @@ async fn issuance_follows_a_domains_own_policy_and_the_default_otherwise(
     b.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn ingest_spends_wire_bytes_from_the_node_and_domain_quotas(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -182,7 +182,7 @@ async fn ingest_spends_wire_bytes_from_the_node_and_domain_quotas(
     b.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn exactly_one_replica_leads_and_leadership_moves_when_it_stops(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -218,7 +218,7 @@ async fn exactly_one_replica_leads_and_leadership_moves_when_it_stops(
     late.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn when_the_leaders_session_dies_another_replica_leads_within_15_s_on_production_timing(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
@@ -252,7 +252,7 @@ async fn when_the_leaders_session_dies_another_replica_leads_within_15_s_on_prod
     follower.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn the_leaders_sweep_deletes_buckets_idle_for_over_an_hour_and_keeps_the_rest(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
@@ -312,7 +312,7 @@ async fn the_leaders_sweep_deletes_buckets_idle_for_over_an_hour_and_keeps_the_r
     b.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_secret_read_again_costs_no_round_trip_and_a_change_reaches_every_replica(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use app::leader::LeaderTiming;
+use app::runtime::leader::LeaderTiming;
 use app::startup::TimeSource;
 use app::startup::Wiring;
 use ratebudget::ManualClock;
@@ -50,7 +50,7 @@ async fn committed(measure: &mut PgConnection) -> i64 {
         .unwrap()
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_flood_of_reads_past_the_burst_costs_the_database_almost_nothing(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -84,7 +84,7 @@ async fn a_flood_of_reads_past_the_burst_costs_the_database_almost_nothing(
     assert!(statements <= 50, "1,000 refused reads cost {statements} statements");
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn with_the_table_locked_a_local_scope_answers_in_time_a_closed_one_500_and_both_recover(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -145,7 +145,7 @@ async fn with_the_table_locked_a_local_scope_answers_in_time_a_closed_one_500_an
     replica.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn retry_after_is_exact_at_token_boundaries(_: PgPoolOptions, connect: PgConnectOptions) {
     let clock = Arc::new(ManualClock::new(instant()));
     // One read every two seconds, two back to back.
@@ -176,7 +176,7 @@ async fn retry_after_is_exact_at_token_boundaries(_: PgPoolOptions, connect: PgC
     replica.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn budgeted_responses_carry_the_binding_budgets_ratelimit_fields(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -222,7 +222,7 @@ async fn budgeted_responses_carry_the_binding_budgets_ratelimit_fields(
     replica.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_reset_through_one_replica_clears_every_replicas_precheck(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -259,7 +259,7 @@ async fn a_reset_through_one_replica_clears_every_replicas_precheck(
     b.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn metrics_name_every_outcome_duration_and_pool(_: PgPoolOptions, connect: PgConnectOptions) {
     let clock = Arc::new(ManualClock::new(instant()));
     let replica =
@@ -284,7 +284,7 @@ async fn metrics_name_every_outcome_duration_and_pool(_: PgPoolOptions, connect:
     replica.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn an_open_circuit_whose_probe_lost_its_client_returns_to_the_store_and_admits_the_burst_again(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -364,7 +364,7 @@ async fn an_open_circuit_whose_probe_lost_its_client_returns_to_the_store_and_ad
     b.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_replica_whose_first_load_of_the_rules_outlasts_the_database_time_tries_again_before_it_serves(
     _: PgPoolOptions,
     connect: PgConnectOptions,

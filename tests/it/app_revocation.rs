@@ -22,7 +22,7 @@ fn check(answer: &Answer, status: StatusCode, code: &str) {
     assert_eq!((answer.status, answer.code()), (status, code), "{answer:?}");
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_revoked_token_stops_working_on_every_replica_within_a_second(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
@@ -76,7 +76,7 @@ async fn a_revoked_token_stops_working_on_every_replica_within_a_second(
     b.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_node_deleted_by_hand_is_revoked_everywhere_too(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
@@ -99,7 +99,7 @@ async fn a_node_deleted_by_hand_is_revoked_everywhere_too(
     replica.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn named_operators_act_side_by_side_and_each_action_is_audited_under_its_name(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
@@ -182,7 +182,7 @@ async fn named_operators_act_side_by_side_and_each_action_is_audited_under_its_n
     replica.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn the_single_operator_token_acts_as_operator(_: PgPoolOptions, connect: PgConnectOptions) {
     let replica = Replica::start(config(&connect, &[]), Arc::new(ManualClock::new(instant()))).await;
     replica.create_domain("d", None).await;

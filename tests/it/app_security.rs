@@ -35,7 +35,7 @@ impl Clock for PanickingClock {
     }
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_handler_that_panics_answers_a_json_500_and_logs_it_once(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -64,7 +64,7 @@ async fn a_handler_that_panics_answers_a_json_500_and_logs_it_once(
     replica.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_doubled_authorization_or_request_id_header_is_refused(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -85,7 +85,7 @@ async fn a_doubled_authorization_or_request_id_header_is_refused(
     replica.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn responses_carrying_a_token_or_a_secret_are_never_stored(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -105,7 +105,7 @@ async fn responses_carrying_a_token_or_a_secret_are_never_stored(
     replica.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn secrets_rekey_seals_what_an_earlier_build_stored_in_plain_text(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,

@@ -201,7 +201,7 @@ fn a_coalesced_queue_decides_exactly_as_one_take_at_a_time_in_its_order() {
     runtime.block_on(single_db.drop_database(single_pool));
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_hot_keys_queue_is_one_call_and_one_row_update(pool: PgPool) {
     let store = Store::new(pool.clone());
     let limit = Limit::new(1.0, 50.0).unwrap();
@@ -255,7 +255,7 @@ async fn a_hot_keys_queue_is_one_call_and_one_row_update(pool: PgPool) {
 /// Each shape of call goes to its own function: with that function sabotaged (renamed away),
 /// a call of that shape fails, each of its takes with `Error::Database` naming the function,
 /// never a refusal, while calls of the other shapes are still decided.
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_call_that_fails_fails_each_of_its_takes_and_never_refuses(pool: PgPool) {
     let store = Store::new(pool.clone());
     let limit = Limit::new(1.0, 5.0).unwrap();
@@ -301,7 +301,7 @@ async fn a_call_that_fails_fails_each_of_its_takes_and_never_refuses(pool: PgPoo
                     let Err(error @ Undecided::CallFailed(_)) = answer else {
                         panic!("{function}: {answer:?}")
                     };
-                    let chain = app::http::cause_chain(error);
+                    let chain = ratebudget::cause_chain(error);
                     assert!(chain.contains(&format!("plexsphere.{function}(")), "{chain}");
                 }
             } else {
@@ -318,7 +318,7 @@ async fn a_call_that_fails_fails_each_of_its_takes_and_never_refuses(pool: PgPoo
     }
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_caller_that_stops_waiting_cancels_nobody_elses_decision(pool: PgPool) {
     let store = Store::new(pool.clone()).with_coalescing(Coalescing { max_batch: 64, max_in_flight: 1 });
     let limit = Limit::new(1.0, 10.0).unwrap();
@@ -376,7 +376,7 @@ async fn a_caller_that_stops_waiting_cancels_nobody_elses_decision(pool: PgPool)
 /// these buckets exist once minted), so none of them may fail, deadlocked or otherwise. (PostgreSQL breaks a deadlock after
 /// `deadlock_timeout` by failing one of its transactions, which would surface here as
 /// `Error::Database`.)
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn concurrent_calls_and_pairs_from_several_replicas_never_deadlock(pool: PgPool) {
     let limit = Limit::new(1_000_000.0, 1_000_000.0).unwrap();
     let domains = [key(), key()];
@@ -423,7 +423,7 @@ async fn concurrent_calls_and_pairs_from_several_replicas_never_deadlock(pool: P
 /// takes into calls of one hot bucket and two into calls of distinct buckets (each shape's own
 /// function since migrations/0014), and one store sending every take alone: each bucket grants
 /// exactly what it holds, whoever's call wins its row lock, and nothing fails.
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn replicas_spending_the_same_buckets_grant_each_token_once(pool: PgPool) {
     // Every take at one instant: nothing refills, so a bucket grants its burst and no more.
     let limit = Limit::new(1.0, 40.0).unwrap();
@@ -485,7 +485,7 @@ async fn replicas_spending_the_same_buckets_grant_each_token_once(pool: PgPool) 
 /// (the row was there in the call's snapshot): the call decides against a bucket minted
 /// afresh, full, as the takes one at a time would after the sweep, not against the deleted
 /// row's level.
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_bucket_swept_while_its_call_waits_is_minted_afresh(pool: PgPool) {
     let store = Store::new(pool.clone());
     let limit = Limit::new(1.0, 10.0).unwrap();
@@ -520,7 +520,7 @@ async fn a_bucket_swept_while_its_call_waits_is_minted_afresh(pool: PgPool) {
 /// exist first: the sweep deletes one bucket's row while that UPDATE waits for its lock, the
 /// UPDATE finds no row to grant from, and the call mints the bucket afresh instead of refusing
 /// its take; the other bucket is debited once.
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_bucket_swept_while_a_call_of_distinct_buckets_waits_is_minted_afresh(pool: PgPool) {
     let store = Store::new(pool.clone());
     let limit = Limit::new(1.0, 10.0).unwrap();
@@ -564,7 +564,7 @@ async fn a_bucket_swept_while_a_call_of_distinct_buckets_waits_is_minted_afresh(
     assert_eq!(tokens(swept).await, 9.0, "the swept bucket, minted full and debited");
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_take_later_in_a_call_at_an_earlier_instant_is_not_foreseen_short(pool: PgPool) {
     // Issue 20, item 3. The general function foresaw a take refused when the snapshot could
     // not cover it at the take's own instant; but take 1, at a later instant, leaves the row

@@ -25,12 +25,12 @@ fn behind(bouncer: &PgBouncer, connect: &PgConnectOptions, knobs: &[(&str, &str)
         vec![("PLEXSPHERE_DATABASE_POOLER", "transaction"), ("PLEXSPHERE_SECRET_READ_NODE_BURST", "5")];
     all.extend_from_slice(knobs);
     let mut config = config(connect, &all);
-    config.session_database = connect.clone();
-    config.database = connect.clone().host("127.0.0.1").port(bouncer.port());
+    *config.database.session_url = connect.clone();
+    *config.database.url = connect.clone().host("127.0.0.1").port(bouncer.port());
     config
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn two_replicas_behind_pgbouncer_in_transaction_mode_decide_exactly(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -119,7 +119,7 @@ async fn two_replicas_behind_pgbouncer_in_transaction_mode_decide_exactly(
     assert_eq!(a.get("/readyz", None).await.status, StatusCode::OK);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_statement_through_the_pooler_answers_only_once_it_is_committed(
     options: PgPoolOptions,
     connect: PgConnectOptions,

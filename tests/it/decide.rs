@@ -70,7 +70,7 @@ fn status(answer: &Value, index: usize) -> &Value {
 
 const USERS: (&str, &str) = ("api", "GET /v1/users");
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn the_seeds_contoso_example_over_envoys_protocol(_: PgPoolOptions, connect: PgConnectOptions) {
     let clock = Arc::new(ManualClock::new(instant()));
     let replica = service(&connect, clock, &[]).await;
@@ -137,7 +137,7 @@ async fn the_seeds_contoso_example_over_envoys_protocol(_: PgPoolOptions, connec
     assert_eq!(status(&answers[4], 0)["current_limit"], Value::Null);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn the_most_specific_entry_wins_then_a_named_api_then_priority_then_the_smaller_id(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -201,7 +201,7 @@ async fn the_most_specific_entry_wins_then_a_named_api_then_priority_then_the_sm
     );
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_shadow_rule_admits_and_counts_what_it_would_refuse(_: PgPoolOptions, connect: PgConnectOptions) {
     let clock = Arc::new(ManualClock::new(instant()));
     let replica = service(&connect, clock, &[("PLEXSPHERE_RULE_USAGE_FLUSH_INTERVAL_MS", "100")]).await;
@@ -229,7 +229,7 @@ async fn a_shadow_rule_admits_and_counts_what_it_would_refuse(_: PgPoolOptions, 
     .await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn two_descriptors_are_decided_all_or_nothing(_: PgPoolOptions, connect: PgConnectOptions) {
     let clock = Arc::new(ManualClock::new(instant()));
     let replica = service(&connect, clock, &[]).await;
@@ -264,7 +264,7 @@ async fn two_descriptors_are_decided_all_or_nothing(_: PgPoolOptions, connect: P
     assert_eq!(overall(&answers[3]), "OVER_LIMIT");
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_rule_changed_through_another_replica_governs_within_a_second(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -293,7 +293,7 @@ async fn a_rule_changed_through_another_replica_governs_within_a_second(
     assert!(seen_at - written < 1.0, "b decided by the rule {:.3} s after it was written", seen_at - written);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn http_and_grpc_spend_one_bucket(_: PgPoolOptions, connect: PgConnectOptions) {
     let clock = Arc::new(ManualClock::new(instant()));
     let replica = service(&connect, clock, &[]).await;
@@ -329,7 +329,7 @@ async fn http_and_grpc_spend_one_bucket(_: PgPoolOptions, connect: PgConnectOpti
     assert_eq!(replica.metric(&decided("over_limit")).await, Some(2.0));
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn only_callers_with_a_decide_token_are_answered(_: PgPoolOptions, connect: PgConnectOptions) {
     let clock = Arc::new(ManualClock::new(instant()));
     let replica = service(&connect, clock.clone(), &[]).await;
@@ -374,7 +374,7 @@ async fn only_callers_with_a_decide_token_are_answered(_: PgPoolOptions, connect
     assert_eq!((off.status, off.code()), (StatusCode::NOT_FOUND, "decide_off"));
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_load_balancer_reads_a_services_snapshot_and_is_told_when_it_has_not_changed(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -422,7 +422,7 @@ async fn a_load_balancer_reads_a_services_snapshot_and_is_told_when_it_has_not_c
     assert_eq!(replica.get("/v1/snapshot?service=directory", None).await.status, StatusCode::UNAUTHORIZED);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_service_rule_is_versioned_checked_and_rolled_back_like_ours(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -487,7 +487,7 @@ async fn a_service_rule_is_versioned_checked_and_rolled_back_like_ours(
     assert!(ours.body.as_array().unwrap().iter().all(|rule| rule["service"] == "plexsphere"));
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_closed_rule_whose_store_cannot_answer_is_unavailable_and_open_admits(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -519,7 +519,7 @@ async fn a_closed_rule_whose_store_cannot_answer_is_unavailable_and_open_admits(
     assert_eq!(replica.metric(errors).await, Some(2.0));
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn two_leasing_replicas_grant_a_hot_tenant_its_burst_and_never_more(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -594,7 +594,7 @@ fn worst_window_seen(admissions: &mut [(f64, f64)], rate: f64, burst: f64) -> f6
     worst
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn three_leasing_replicas_saturating_a_hot_tenant_stay_within_its_budget_and_a_reset_ends_their_leases(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -727,7 +727,7 @@ async fn three_leasing_replicas_saturating_a_hot_tenant_stay_within_its_budget_a
 /// an entry the governing rule ignores (`sku`, from a client header) got a fresh, full bucket
 /// each time. The audit's reproduction, through Python's grpcio client: now the rule's own
 /// entries key its bucket, and `sku=x1` .. `sku=x6` are over the limit with the rest.
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn entries_the_governing_rule_does_not_name_never_split_its_bucket(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -784,7 +784,7 @@ async fn entries_the_governing_rule_does_not_name_never_split_its_bucket(
 /// a value over 256 characters, a TAB, a descriptor cost above 2^53, more than 16
 /// descriptors or more than two governed ones made the whole request INVALID_ARGUMENT, even
 /// beside a descriptor already over its limit. Each is now decided.
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn no_value_a_client_chooses_turns_a_decision_into_an_error(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -862,7 +862,7 @@ async fn no_value_a_client_chooses_turns_a_decision_into_an_error(
 /// the token, so behind a load balancer or SNAT one stray caller with a wrong token locked
 /// every Envoy out (RESOURCE_EXHAUSTED, which Envoy admits). A valid token is decided after 30
 /// failures from its address; a wrong one is still throttled.
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_valid_token_is_decided_whatever_its_address_failed(_: PgPoolOptions, connect: PgConnectOptions) {
     let clock = Arc::new(ManualClock::new(instant()));
     let replica = service(&connect, clock, &[]).await;
@@ -887,7 +887,7 @@ async fn a_valid_token_is_decided_whatever_its_address_failed(_: PgPoolOptions, 
 /// Issue 32, item 4: any decide token saw every service's rules (plexsphere's own, with Domain
 /// ids, among them) and spent any service's buckets. A token names the services it decides
 /// for; another is PERMISSION_DENIED / 403, and plexsphere's own snapshot needs an operator.
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_decide_token_decides_and_sees_only_the_services_it_names(
     _: PgPoolOptions,
     connect: PgConnectOptions,

@@ -12,7 +12,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use crate::support::process::{database_url, Launch, LIBFAKETIME};
 use crate::support::replicas::{config, eventually, Replica};
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_replica_30_s_ahead_neither_freezes_other_replicas_buckets_nor_sweeps_unfull_ones(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
@@ -105,7 +105,7 @@ async fn sweeps(api: &crate::support::replicas::Api) -> u64 {
 /// A replica that cannot measure the database's clock within the bound (the network is so
 /// slow that half a round trip exceeds it) does not decide: budgets answer 500, never 429, and
 /// `/readyz` 503. Once measurements are good again, it decides again.
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_replica_whose_clock_cannot_be_bounded_answers_500_and_is_not_ready_until_it_can(
     _: PgPoolOptions,
     connect: PgConnectOptions,

@@ -142,7 +142,7 @@ async fn a_database_restarted_under_load_costs_500s_only_and_the_service_recover
     replica.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn backends_killed_mid_take_cost_500s_only_and_the_next_requests_succeed(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
@@ -201,7 +201,7 @@ async fn hold_buckets(pool: &PgPool) -> sqlx::Transaction<'static, sqlx::Postgre
     transaction
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn an_exhausted_limiter_pool_waits_its_bound_and_answers_500(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
@@ -239,7 +239,7 @@ async fn an_exhausted_limiter_pool_waits_its_bound_and_answers_500(
     replica.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn clients_hanging_up_on_a_stalled_database_never_push_connections_past_the_documented_maximum(
     _: PgPoolOptions,
     connect: PgConnectOptions,

@@ -55,7 +55,7 @@ async fn node_with_secret(replica: &Replica) -> String {
     token
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn half_sent_headers_are_closed_after_the_header_timeout_and_the_cap_holds_the_rest_back(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -91,7 +91,7 @@ async fn half_sent_headers_are_closed_after_the_header_timeout_and_the_cap_holds
     replica.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_trickling_body_answers_408_at_the_body_deadline_and_a_slow_request_503_at_its_own(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -159,7 +159,7 @@ async fn half_sent_batch(address: SocketAddr, token: &str) -> TcpStream {
     stream
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn on_sigterm_under_load_every_request_in_flight_completes_and_the_process_exits_cleanly(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -217,7 +217,7 @@ async fn on_sigterm_under_load_every_request_in_flight_completes_and_the_process
     assert!(service.log().contains("released leadership") || !service.log().contains("became leader"));
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_trickling_client_holds_shutdown_no_longer_than_the_grace_and_a_second_signal_exits_at_once(
     _: PgPoolOptions,
     connect: PgConnectOptions,

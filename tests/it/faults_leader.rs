@@ -20,7 +20,7 @@ async fn logged_at(process: &mut ServiceProcess, needle: &str, within: Duration)
     line.split_whitespace().next().unwrap().parse().unwrap()
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_leader_killed_with_sigkill_is_replaced_within_15_s(_: PgPoolOptions, connect: PgConnectOptions) {
     let url = database_url(&connect);
     let mut first = Launch::serve(&url).start().await;

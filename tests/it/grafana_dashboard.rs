@@ -188,7 +188,7 @@ fn the_dashboard_reader_finds_metrics_labels_and_groupings() {
     assert_eq!(named.grouped_by, BTreeSet::from(["instance".to_owned()]));
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn every_metric_and_label_the_grafana_dashboard_queries_is_one_the_service_exports(
     _: PgPoolOptions,
     connect: PgConnectOptions,

@@ -151,7 +151,7 @@ fn the_precheck_refuses_only_what_the_shared_bucket_would_refuse() {
     runtime.block_on(database.drop_database(pool));
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn skew_beyond_the_other_replicas_cost_over_the_rate_is_the_one_under_admission(pool: PgPool) {
     // Found by the property test above when its clock could go back. Replica B learns the
     // row; replica A, whose clock is ahead, spends 0.1 at its later instant (the row now holds
@@ -176,7 +176,7 @@ async fn skew_beyond_the_other_replicas_cost_over_the_rate_is_the_one_under_admi
     );
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn after_the_store_refuses_the_precheck_refuses_with_the_same_exact_wait_until_covered(pool: PgPool) {
     let store = Store::new(pool.clone());
     let observer = Arc::new(LastSource::default());
@@ -270,7 +270,7 @@ async fn lock_the_table(pool: &PgPool) -> sqlx::pool::PoolConnection<sqlx::Postg
     locker
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_probe_whose_caller_stops_waiting_leaves_the_next_take_to_probe(pool: PgPool) {
     // Issue 20, item 1. The probe marked the circuit as probing and only its answer cleared
     // the mark: a probe dropped mid-wait left every later OPEN or STATIC take deciding without
@@ -315,7 +315,7 @@ async fn a_probe_whose_caller_stops_waiting_leaves_the_next_take_to_probe(pool: 
     assert!(!guard.store_failing());
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn takes_dropped_before_the_store_answered_leave_nothing_behind_in_the_precheck(pool: PgPool) {
     // Issue 20, item 1. The pre-check reserved a take's cost in a local bucket on the way to
     // the store and refunded it only on the store's answer: takes whose callers stopped
@@ -361,7 +361,7 @@ async fn takes_dropped_before_the_store_answered_leave_nothing_behind_in_the_pre
     assert_eq!(granted, 8);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn the_precheck_counts_nothing_in_flight_that_the_store_may_refuse(pool: PgPool) {
     // Issue 20, item 4. The pre-check's local bucket (twice the burst) was debited for every
     // take in flight: two takes of 10 in flight against a burst of 10 left nothing for a

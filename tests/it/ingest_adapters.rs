@@ -81,7 +81,7 @@ async fn stored_byte_counts(pool: &PgPool) -> Vec<i64> {
         .unwrap()
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn an_accepted_batch_is_committed_with_its_byte_count_payload_node_and_domain(pool: PgPool) {
     let clock = ManualClock::new(instant());
     let sender = sender_in(new_domain());
@@ -115,7 +115,7 @@ async fn an_accepted_batch_is_committed_with_its_byte_count_payload_node_and_dom
     assert!(before <= received_at && received_at <= after, "{before} <= {received_at} <= {after}");
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn wire_bytes_are_what_both_quotas_are_charged(pool: PgPool) {
     let clock = ManualClock::new(instant());
     let domain = new_domain();
@@ -141,7 +141,7 @@ async fn wire_bytes_are_what_both_quotas_are_charged(pool: PgPool) {
     assert_eq!(stored_byte_counts(&pool).await, vec![400, 600]);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn the_node_quota_refills_as_the_clock_moves(pool: PgPool) {
     let clock = ManualClock::new(instant());
     let sender = sender_in(new_domain());
@@ -171,7 +171,7 @@ async fn the_node_quota_refills_as_the_clock_moves(pool: PgPool) {
     assert_eq!(stored_byte_counts(&pool).await, vec![250, 1000, 1000]);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn the_domain_quota_refuses_while_the_node_has_budget_and_the_node_is_not_debited(pool: PgPool) {
     let clock = ManualClock::new(instant());
     let domain = new_domain();
@@ -195,7 +195,7 @@ async fn the_domain_quota_refuses_while_the_node_has_budget_and_the_node_is_not_
     assert_eq!(stored_byte_counts(&pool).await, vec![100, 1000]);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn batches_from_many_nodes_through_two_pools_at_one_instant_never_overspend_their_domain(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -248,7 +248,7 @@ async fn batches_from_many_nodes_through_two_pools_at_one_instant_never_overspen
     assert_eq!(spent_by_nodes, 9900.0, "every Node debit has its Domain debit and no other");
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn the_table_keeps_byte_count_equal_to_the_payload_length(pool: PgPool) {
     let insert = |byte_count: i64, payload: &'static [u8]| {
         sqlx::query(

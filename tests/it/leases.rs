@@ -121,7 +121,7 @@ fn report(what: &str, granted: &[DateTime<Utc>], leasing: &Leasing, worst: f64) 
     );
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn leased_grants_from_three_replicas_never_exceed_the_budget_in_any_window(pool: PgPool) {
     // 10 tokens a tick: below it, leases serve most takes; above it, the bucket runs dry and
     // each lease is what is left; a pause, and leases go back; lightly; a pause; saturated.
@@ -143,7 +143,7 @@ async fn leased_grants_from_three_replicas_never_exceed_the_budget_in_any_window
     assert!(leasing.refunded_micros.load(Ordering::Relaxed) > 0);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_saturated_leased_bucket_admits_its_budget_and_never_more(pool: PgPool) {
     // Ten times what the bucket refills, from three replicas: one-at-a-time decisions would
     // grant the burst and then the refill, exactly; leases may lose a little, never add.
@@ -160,7 +160,7 @@ async fn a_saturated_leased_bucket_admits_its_budget_and_never_more(pool: PgPool
     );
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_refund_of_a_lease_made_before_another_is_forfeited_and_of_the_latest_credited(pool: PgPool) {
     // Burst 10, 1 a second. Y leases 5, then X leases the other 5. Were Y's 5 credited back,
     // the bucket would hold 8 three seconds later while X still held 5 it may grant (its row
@@ -191,7 +191,7 @@ async fn a_refund_of_a_lease_made_before_another_is_forfeited_and_of_the_latest_
     assert!(store.decide(take(8.0), later).await.unwrap().is_granted());
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_reset_or_a_changed_limit_ends_a_replicas_lease_at_once(pool: PgPool) {
     let observer = Arc::new(Leasing::default());
     let guard = leasing_guard(&pool, observer.clone(), StdDuration::from_secs(60));
@@ -223,7 +223,7 @@ async fn a_reset_or_a_changed_limit_ends_a_replicas_lease_at_once(pool: PgPool) 
 
 /// A lease of a bucket that cooled goes back at the next return, once, and the bucket holds
 /// what was not granted from it; a lease the pre-check forgot (a reset) is not given back.
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_cooled_buckets_lease_goes_back_once_and_a_forgotten_one_not_at_all(pool: PgPool) {
     let period = StdDuration::from_millis(500);
     let guard = leasing_guard(&pool, Arc::new(Leasing::default()), period);

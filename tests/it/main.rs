@@ -2,7 +2,7 @@
 //!
 //! Each database test runs on a fresh database of its own (`#[sqlx::test]`, or
 //! `support::helpers::FreshDatabase` where a test needs a runtime of its own), created from
-//! `DATABASE_URL` and migrated with `app::MIGRATOR`.
+//! `DATABASE_URL` and migrated with `app::migrations::MIGRATOR`.
 
 mod access_adapters;
 mod app_api;

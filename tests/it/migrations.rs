@@ -68,7 +68,7 @@ fn every_migration_is_recorded_and_no_released_one_has_changed() {
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn the_coalesced_take_functions_keep_planning_once_per_session(pool: sqlx::PgPool) {
     // 0013 set plan_cache_mode on decide_rate_budget_batch; a later CREATE OR REPLACE without
     // the clause would drop it silently (and a call would plan six statements again). The
@@ -105,7 +105,7 @@ fn every_migration_since_the_last_written_out_of_order_has_a_timestamp_version_a
     // upgraded database than on a fresh one. Versions are timestamps now (`sqlx migrate add`),
     // each above every earlier one; the repository's before-stop hook checks that the newest
     // file sorts last, and `serve` refuses a database that lacks one below one it has.
-    for migration in app::MIGRATOR.iter() {
+    for migration in app::migrations::MIGRATOR.iter() {
         if WRITTEN_OUT_OF_ORDER.contains(&migration.version) {
             continue;
         }
@@ -128,7 +128,7 @@ async fn a_database_lacking_a_migration_below_one_it_has_is_refused_before_anyth
     // written out of order would leave it. (Since the split, order is each owner's own:
     // ratebudget's 0014 below the contexts' 0057 depends on nothing of theirs.)
     let without_0056 = sqlx::migrate::Migrator {
-        migrations: app::MIGRATOR
+        migrations: app::migrations::MIGRATOR
             .iter()
             .filter(|migration| migration.version <= 57 && migration.version != 56)
             .cloned()
@@ -158,7 +158,7 @@ async fn a_database_lacking_a_migration_below_one_it_has_is_refused_before_anyth
 
     // Told so, having checked, the operator fills the gap and applies the rest.
     app::migrations::apply(&pool, true).await.unwrap();
-    assert_eq!(applied().await, app::MIGRATOR.iter().count() as i64);
+    assert_eq!(applied().await, app::migrations::MIGRATOR.iter().count() as i64);
     assert!(app::migrations::gaps(&pool).await.unwrap().is_none());
 }
 
@@ -181,7 +181,7 @@ fn domains_that_shared_a_name_keep_it_for_the_oldest_and_the_others_tell_themsel
             .await
             .unwrap();
         }
-        app::MIGRATOR.run(&pool).await.unwrap();
+        app::migrations::MIGRATOR.run(&pool).await.unwrap();
         let name = |id: uuid::Uuid| {
             let pool = pool.clone();
             async move {

@@ -82,7 +82,7 @@ fn decides_exactly_as_governor_for_the_same_quota_and_arrivals() {
     runtime.block_on(database.drop_database(pool));
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_hundred_decisions_from_two_pools_at_one_instant_grant_exactly_the_burst(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -110,7 +110,7 @@ async fn a_hundred_decisions_from_two_pools_at_one_instant_grant_exactly_the_bur
     }
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_ten_kilobyte_key_costs_the_same_row_as_a_three_byte_one(pool: PgPool) {
     let store = Store::new(pool.clone());
     let limit = Limit::new(1.0, 5.0).unwrap();
@@ -127,7 +127,7 @@ async fn a_ten_kilobyte_key_costs_the_same_row_as_a_three_byte_one(pool: PgPool)
     assert_eq!(sizes[0].0, 32);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_refusal_writes_nothing_and_a_reset_forgets_the_key(pool: PgPool) {
     let store = Store::new(pool.clone());
     let limit = Limit::new(0.5, 2.0).unwrap();
@@ -157,7 +157,7 @@ async fn a_refusal_writes_nothing_and_a_reset_forgets_the_key(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn delete_expired_removes_only_keys_back_to_a_full_budget(pool: PgPool) {
     let store = Store::new(pool.clone());
     let limit = Limit::new(1.0, 3.0).unwrap();

@@ -43,7 +43,7 @@ fn contains(haystack: &[u8], needle: &str) -> bool {
     haystack.windows(needle.len()).any(|window| window == needle.as_bytes())
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn with_an_otlp_endpoint_a_replica_pushes_ratelimit_decisions_and_fallbacks_as_protobuf(
     _: PgPoolOptions,
     connect: PgConnectOptions,

@@ -194,7 +194,7 @@ async fn assert_only_their_rows_read(
     );
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn decisions_planned_on_a_fresh_table_read_only_their_rows_once_it_fills(
     pool_options: PgPoolOptions,
     connect_options: PgConnectOptions,
@@ -202,7 +202,7 @@ async fn decisions_planned_on_a_fresh_table_read_only_their_rows_once_it_fills(
     assert_only_their_rows_read(pool_options, connect_options, Planned::Fresh).await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn decisions_planned_on_a_table_analyzed_empty_read_only_their_rows_once_it_fills(
     pool_options: PgPoolOptions,
     connect_options: PgConnectOptions,
@@ -210,7 +210,7 @@ async fn decisions_planned_on_a_table_analyzed_empty_read_only_their_rows_once_i
     assert_only_their_rows_read(pool_options, connect_options, Planned::AnalyzedEmpty).await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn decisions_through_a_transaction_pooler_read_only_their_rows_once_the_table_fills(
     pool_options: PgPoolOptions,
     connect_options: PgConnectOptions,

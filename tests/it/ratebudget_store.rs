@@ -89,7 +89,7 @@ async fn concurrent_grants(pools: &(PgPool, PgPool), bucket: Key, burst: f64, ta
     granted
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_hundred_takes_from_two_pools_at_one_instant_grant_exactly_the_burst(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -104,7 +104,7 @@ async fn a_hundred_takes_from_two_pools_at_one_instant_grant_exactly_the_burst(
     }
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_missing_bucket_is_minted_full_and_debited(pool: PgPool) {
     let store = Store::new(pool.clone());
     let bucket = key();
@@ -112,7 +112,7 @@ async fn a_missing_bucket_is_minted_full_and_debited(pool: PgPool) {
     assert_eq!(row(&pool, Scope::IngestNode, bucket).await, Some((700.0, instant())));
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn refill_grants_a_token_at_its_boundary_and_not_a_microsecond_before(pool: PgPool) {
     let store = Store::new(pool.clone());
     let bucket = key();
@@ -133,7 +133,7 @@ async fn refill_grants_a_token_at_its_boundary_and_not_a_microsecond_before(pool
     assert_eq!(refilled_at, just_above);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn refill_is_capped_at_the_burst(pool: PgPool) {
     let store = Store::new(pool.clone());
     let bucket = key();
@@ -146,7 +146,7 @@ async fn refill_is_capped_at_the_burst(pool: PgPool) {
     assert_eq!(row(&pool, Scope::IngestDomain, bucket).await, Some((0.0, much_later)));
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_refusal_writes_nothing_and_keeps_the_tokens_accrued_since(pool: PgPool) {
     let store = Store::new(pool.clone());
     let bucket = key();
@@ -169,7 +169,7 @@ async fn a_refusal_writes_nothing_and_keeps_the_tokens_accrued_since(pool: PgPoo
     assert!(store.take(Scope::AccessIssuanceDomain, bucket, 1.0, one_a_second, one_second_on).await.unwrap());
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_clock_running_behind_under_refills_and_leaves_refilled_at_alone(pool: PgPool) {
     let store = Store::new(pool.clone());
     let bucket = key();
@@ -185,7 +185,7 @@ async fn a_clock_running_behind_under_refills_and_leaves_refilled_at_alone(pool:
     assert_eq!(row(&pool, Scope::IngestNode, bucket).await, Some((0.0, t0)));
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn delete_idle_deletes_only_buckets_last_taken_before_the_instant(pool: PgPool) {
     let store = Store::new(pool.clone());
     let cutoff = instant();
@@ -211,7 +211,7 @@ async fn delete_idle_deletes_only_buckets_last_taken_before_the_instant(pool: Pg
     assert_eq!(store.delete_idle(cutoff).await.unwrap(), 0);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn delete_idle_counts_across_its_batches(pool: PgPool) {
     // More rows than one sweep batch deletes, so the count must add up over batches.
     sqlx::query(
@@ -229,7 +229,7 @@ async fn delete_idle_counts_across_its_batches(pool: PgPool) {
     assert_eq!(left, 0);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn the_table_rejects_a_malformed_name_and_negative_tokens(pool: PgPool) {
     let insert = |scope: &'static str, tokens: f64| {
         sqlx::query("INSERT INTO plexsphere.rate_budgets (scope, bucket_key, tokens, refilled_at) VALUES ($1, $2, $3, now())")
@@ -253,7 +253,7 @@ async fn the_table_rejects_a_malformed_name_and_negative_tokens(pool: PgPool) {
     insert("uploads_per_api_key", 1.0).await.unwrap();
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn both_tables_hold_names_to_the_crates_rule_character_by_character(pool: PgPool) {
     // The tables' name CHECKs are comparisons, not the regular expression they replaced
     // (migration 20261202060000): each must accept exactly what ratebudget::Name accepts and
@@ -401,7 +401,7 @@ fn scopes_round_trip_through_their_text_and_unknown_text_is_an_error() {
     }
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn buckets_reads_every_scope_of_one_key(pool: PgPool) {
     let store = Store::new(pool);
     let domain = key();
@@ -423,7 +423,7 @@ fn node_and_domain(node: Key, domain: Key, node_burst: f64, domain_burst: f64) -
     )
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_pair_debits_both_or_neither(pool: PgPool) {
     let store = Store::new(pool.clone());
     let (node, domain) = (key(), key());
@@ -448,7 +448,7 @@ async fn a_pair_debits_both_or_neither(pool: PgPool) {
     assert_eq!(row(&pool, Scope::SecretReadDomain, domain).await, Some((0.0, now)));
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_pair_refused_under_the_lock_leaves_the_other_bucket_whole(pool: PgPool) {
     // The guard sees the domain bucket as coverable; a concurrent take empties it before the
     // pair locks it. The pair must then refuse on the locked version and debit neither.
@@ -491,7 +491,7 @@ async fn a_pair_refused_under_the_lock_leaves_the_other_bucket_whole(pool: PgPoo
     assert!(node_row.is_none() || node_row == Some((5.0, now)), "node debited: {node_row:?}");
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn concurrent_pairs_from_many_nodes_never_overspend_their_domain(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -627,7 +627,7 @@ fn random_sequences_decide_exactly_as_the_model() {
 
 // ---- what a decision says ----
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_grant_says_what_is_left_and_a_refusal_the_row_it_judged_and_the_exact_wait(pool: PgPool) {
     let store = Store::new(pool.clone());
     let bucket = key();
@@ -656,7 +656,7 @@ async fn a_grant_says_what_is_left_and_a_refusal_the_row_it_judged_and_the_exact
     );
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_pair_says_what_is_left_in_both_and_which_refused_with_its_row(pool: PgPool) {
     let store = Store::new(pool.clone());
     let (node, domain) = (key(), key());
@@ -725,7 +725,7 @@ async fn a_session_waits_for(pool: &PgPool, event: &str) {
     .await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_pair_whose_new_bucket_is_reset_while_it_mints_it_is_decided_not_failed(pool: PgPool) {
     // Issue 20, item 4. The pair function locks a missing bucket by inserting it ON CONFLICT
     // DO NOTHING and then selecting it FOR UPDATE INTO STRICT: when another session minted the
@@ -813,7 +813,7 @@ async fn all_rows(pool: &PgPool) -> Vec<(String, uuid::Uuid, f64, DateTime<Utc>)
         .unwrap()
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn the_table_refuses_tokens_and_instants_no_take_writes(pool: PgPool) {
     // Issue 20, item 5. `tokens >= 0` let NaN and +Infinity through (PostgreSQL orders NaN
     // above every number), and refilled_at took +-infinity.
@@ -835,7 +835,7 @@ async fn the_table_refuses_tokens_and_instants_no_take_writes(pool: PgPool) {
     assert_eq!(sqlstate(&pool, insert, &["0", "2026-11-30 12:00Z"]).await, None);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn every_decision_function_refuses_arguments_it_must_never_see_and_writes_nothing(pool: PgPool) {
     // Issue 20, item 5: an operator's psql or a future caller. Each of these, given to the
     // arithmetic, could grant (a NaN rate refilled a bucket to full: LEAST ignores NaN) or

@@ -120,7 +120,7 @@ impl Drop for Shell {
     }
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn the_walk_through_answers_what_the_readme_says_twice_in_a_row(
     _: PgPoolOptions,
     connect: PgConnectOptions,

@@ -36,7 +36,7 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_rule_is_created_then_replaced_and_deleted_only_at_the_version_its_writer_read(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -129,7 +129,7 @@ async fn a_rule_is_created_then_replaced_and_deleted_only_at_the_version_its_wri
 
 /// Two writers holding the same ETag write at once, through two replicas, round after round:
 /// exactly one is applied, the other is told 412, and the version moves by exactly one.
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn of_two_writers_with_the_same_etag_exactly_one_wins_and_the_other_gets_412(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -179,7 +179,7 @@ async fn of_two_writers_with_the_same_etag_exactly_one_wins_and_the_other_gets_4
     b.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_rollback_writes_a_new_version_equal_to_the_one_named_and_brings_back_a_deleted_rule(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -275,7 +275,7 @@ async fn a_rollback_writes_a_new_version_equal_to_the_one_named_and_brings_back_
     api.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn an_invalid_rule_is_a_400_naming_the_field_and_writes_nothing(pool: PgPool) {
     let connect = pool.connect_options().as_ref().clone();
     let api = replica(&connect).await;
@@ -348,7 +348,7 @@ async fn an_invalid_rule_is_a_400_naming_the_field_and_writes_nothing(pool: PgPo
 
 /// Every level of the precedence, and ties broken by priority, as the limits route shows what
 /// governs each scope, and why.
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn the_limits_route_shows_which_rule_governs_each_scope_at_every_level_and_why(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -462,7 +462,7 @@ async fn the_limits_route_shows_which_rule_governs_each_scope_at_every_level_and
     api.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_domain_takes_a_tier_and_its_issuance_policy_becomes_its_override_rule(pool: PgPool) {
     let connect = pool.connect_options().as_ref().clone();
     let api = replica(&connect).await;

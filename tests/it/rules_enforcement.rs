@@ -65,7 +65,7 @@ async fn usage(api: &Api, rule: &str) -> (u64, u64, u64) {
     })
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_rule_written_through_one_replica_changes_another_replicas_decisions_within_a_second(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -105,7 +105,7 @@ async fn a_rule_written_through_one_replica_changes_another_replicas_decisions_w
     b.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_shadow_rule_admits_every_request_yet_counts_and_logs_what_it_would_refuse(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -158,7 +158,7 @@ async fn a_shadow_rule_admits_every_request_yet_counts_and_logs_what_it_would_re
 
 /// The store cut off (another session holds `plexsphere.rate_budgets`): each Domain's reads
 /// fail by their rules' fail mode.
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn with_the_store_cut_off_each_rule_fails_by_its_own_mode(_: PgPoolOptions, connect: PgConnectOptions) {
     let clock = Arc::new(ManualClock::new(instant()));
     let api = Replica::start(config(&connect, &[("PLEXSPHERE_DECISION_TIMEOUT_MS", "250")]), clock).await;
@@ -219,7 +219,7 @@ async fn with_the_store_cut_off_each_rule_fails_by_its_own_mode(_: PgPoolOptions
 
 /// Reads through two replicas, refused and granted: the usage rows hold exactly the decisions
 /// the replicas counted, per minute.
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn usage_rows_count_exactly_the_decisions_made(pool: PgPool) {
     let connect = pool.connect_options().as_ref().clone();
     let clock = Arc::new(ManualClock::new(instant()));
@@ -275,7 +275,7 @@ async fn counted(api: &Api) -> (f64, f64) {
     (granted, refused)
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_gcra_rule_governs_issuance_from_the_named_limiter(pool: PgPool) {
     let connect = pool.connect_options().as_ref().clone();
     let api = Replica::start(config(&connect, &[]), Arc::new(ManualClock::new(instant()))).await;
@@ -317,7 +317,7 @@ async fn a_gcra_rule_governs_issuance_from_the_named_limiter(pool: PgPool) {
     api.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_change_that_may_grow_a_budget_makes_the_precheck_forget_the_buckets_it_governs(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -360,7 +360,7 @@ impl access::Limiter for NoIssuance {
     }
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn the_rules_follower_stops_at_shutdown_after_the_listener_has_gone(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
@@ -370,25 +370,23 @@ async fn the_rules_follower_stops_at_shutdown_after_the_listener_has_gone(
     // for shutdown, and a replica's stop hung whenever the close was seen first.
     let pool = pool_options.connect_with(connect.clone()).await.unwrap();
     let guard = Arc::new(ratebudget::Guard::builder(ratebudget::Store::new(pool.clone())).build());
-    let budgets =
-        Arc::new(app::budgets::RuleBudgets::new(&config(&connect, &[]), guard, rules::RuleRefs::default()));
-    let sources = app::budgets::Sources {
+    let budgets = Arc::new(service::RuleBudgets::new(
+        config(&connect, &[]).budgets.defaults,
+        guard,
+        rules::RuleRefs::default(),
+    ));
+    let sources = service::Sources {
         rules: rules::RulesService::new(Arc::new(rules::PgRulesRepository::new(pool.clone()))),
         access: access::AccessService::new(
             Arc::new(access::PgAccessRepository::new(pool.clone())),
             Arc::new(NoIssuance),
         ),
     };
-    let (followers, hearing) = app::budgets::followers();
+    let (followers, hearing) = app::runtime::followers::rules_and_tiers();
     drop(followers);
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let follower = tokio::spawn(app::budgets::follow(
-        budgets,
-        sources,
-        hearing,
-        Duration::from_secs(3600),
-        shutdown.clone(),
-    ));
+    let follower =
+        tokio::spawn(service::follow(budgets, sources, hearing, Duration::from_secs(3600), shutdown.clone()));
     // The test runs on one thread: each yield lets the follower run until it waits again, so
     // it has seen the channel close before shutdown is signalled.
     for _ in 0..10 {

@@ -75,7 +75,7 @@ fn a_rule_the_model_accepts_is_stored_and_one_it_refuses_trips_the_check() {
     runtime.block_on(database.drop_database(pool));
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn history_cannot_be_rewritten(pool: PgPool) {
     let repository = PgRulesRepository::new(pool.clone());
     let spec = draft("secret_read_node", 1.0, 1000, 1.0).validate().unwrap();
@@ -92,7 +92,7 @@ async fn history_cannot_be_rewritten(pool: PgPool) {
     assert_eq!(repository.history(&id).await.unwrap().len(), 1);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn concurrent_creators_of_one_id_get_one_rule_and_every_change_is_announced(pool: PgPool) {
     let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await.unwrap();
     listener.listen(rules::CHANGES_CHANNEL).await.unwrap();
@@ -122,7 +122,7 @@ async fn concurrent_creators_of_one_id_get_one_rule_and_every_change_is_announce
 async fn migration_0056_turns_every_domains_issuance_policy_into_its_override_rule(pool: PgPool) {
     let mut connection = pool.acquire().await.unwrap();
     connection.ensure_migrations_table().await.unwrap();
-    for migration in app::MIGRATOR.iter().filter(|migration| migration.version < 56) {
+    for migration in app::migrations::MIGRATOR.iter().filter(|migration| migration.version < 56) {
         connection.apply(migration).await.unwrap();
     }
     drop(connection);
@@ -149,7 +149,7 @@ async fn migration_0056_turns_every_domains_issuance_policy_into_its_override_ru
         .unwrap();
     }
 
-    app::MIGRATOR.run(&pool).await.unwrap();
+    app::migrations::MIGRATOR.run(&pool).await.unwrap();
 
     let repository = PgRulesRepository::new(pool.clone());
     let (revision, rules) = repository.load().await.unwrap();

@@ -88,7 +88,7 @@ async fn domain_bucket(pool: &PgPool, domain: DomainId) -> Option<(f64, DateTime
 
 // ---- the secret store ----
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_put_secret_is_got_back_and_a_second_put_replaces_it(pool: PgPool) {
     let repository = PgSecretRepository::new(pool.clone());
     let domain = domain();
@@ -104,7 +104,7 @@ async fn a_put_secret_is_got_back_and_a_second_put_replaces_it(pool: PgPool) {
     assert_eq!(rows, 1, "the overwrite replaced the row instead of adding one");
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn the_largest_name_and_value_round_trip_exactly(pool: PgPool) {
     let repository = PgSecretRepository::new(pool);
     let domain = domain();
@@ -118,7 +118,7 @@ async fn the_largest_name_and_value_round_trip_exactly(pool: PgPool) {
     assert_eq!(got(&repository, domain, &name("empty")).await, Some(value("")));
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_domains_secret_is_invisible_to_another_domain(pool: PgPool) {
     let repository = PgSecretRepository::new(pool);
     let (a, b) = (domain(), domain());
@@ -131,7 +131,7 @@ async fn a_domains_secret_is_invisible_to_another_domain(pool: PgPool) {
     assert_eq!(got(&repository, b, &name("token")).await, Some(value("b's token")));
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn the_table_accepts_exactly_the_names_and_values_the_model_accepts(pool: PgPool) {
     let insert = |name: String, value: String| {
         sqlx::query("INSERT INTO plexsphere.secrets (domain_id, name, value) VALUES ($1, $2, $3)")
@@ -198,7 +198,7 @@ async fn a_store_that_cannot_be_reached_is_an_error_not_an_absent_secret() {
 
 // ---- the read limiter ----
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_node_out_of_budget_is_refused_until_one_read_has_refilled(pool: PgPool) {
     let clock = ManualClock::new(instant());
     let limiter = limiter(&pool, &clock, budget(2.0, 3.0), budget(100.0, 100.0));
@@ -225,7 +225,7 @@ async fn a_node_out_of_budget_is_refused_until_one_read_has_refilled(pool: PgPoo
     assert!(matches!(limiter.spend_read(reader).await, Err(ReadLimitError::NodeRateLimited { .. })));
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_domain_refusal_leaves_the_nodes_bucket_undebited(pool: PgPool) {
     let clock = ManualClock::new(instant());
     let limiter = limiter(&pool, &clock, budget(1.0, 5.0), budget(0.25, 2.0));
@@ -248,7 +248,7 @@ async fn a_domain_refusal_leaves_the_nodes_bucket_undebited(pool: PgPool) {
     assert_eq!(node_bucket(&pool, first.node).await, Some((4.0, clock.now())));
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn many_readers_through_two_replicas_admit_exactly_the_domains_burst(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -333,7 +333,7 @@ async fn a_limiter_whose_burst_is_below_one_read_is_unavailable_never_a_refusal(
 
 // ---- the service on both adapters ----
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_node_reads_its_domains_secret_and_not_another_domains_and_each_read_is_spent(pool: PgPool) {
     let clock = ManualClock::new(instant());
     let service = SecretsService::new(
@@ -378,7 +378,7 @@ async fn rows(pool: &PgPool) -> Vec<(String, Option<String>, Option<String>, Opt
         .unwrap()
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn the_table_holds_values_sealed_under_the_current_key_never_in_the_clear(pool: PgPool) {
     let service = sealing_service(&pool, Keyring::new(key(2), [key(1)]));
     let domain = domain();
@@ -392,7 +392,7 @@ async fn the_table_holds_values_sealed_under_the_current_key_never_in_the_clear(
     assert_eq!(secret.value, value("correct horse battery staple"));
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_sealed_value_moved_to_another_row_does_not_open(pool: PgPool) {
     let service = sealing_service(&pool, keyring());
     let (victim, attacker) = (domain(), domain());
@@ -422,7 +422,7 @@ async fn a_sealed_value_moved_to_another_row_does_not_open(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn rekey_seals_plaintext_rows_and_moves_old_keys_to_the_current_one_in_batches(pool: PgPool) {
     let domain = domain();
     // Two rows as a build before sealing wrote them, three under the old key.
@@ -466,7 +466,7 @@ async fn rekey_seals_plaintext_rows_and_moves_old_keys_to_the_current_one_in_bat
     assert_eq!(retired.rekey_batch(None, 2).await.unwrap().resealed, 0);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn rekey_never_undoes_a_write_that_raced_it(pool: PgPool) {
     let repository = PgSecretRepository::new(pool.clone());
     let domain = domain();

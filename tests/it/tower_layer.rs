@@ -116,7 +116,7 @@ fn from_peer(peer: &str, authorization: &str) -> Request<Body> {
     request
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_granted_request_reaches_the_service_and_reports_its_budget(pool: PgPool) {
     let fixture = Fixture::new(&pool);
     let app = fixture.service(false).layer(BudgetLayer::new(
@@ -134,7 +134,7 @@ async fn a_granted_request_reaches_the_service_and_reports_its_budget(pool: PgPo
     assert_eq!(fixture.calls(), 1);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_refusal_is_a_429_with_retry_after_and_the_fields_and_never_reaches_the_service(pool: PgPool) {
     let fixture = Fixture::new(&pool);
     let app = fixture.service(false).layer(BudgetLayer::new(
@@ -161,7 +161,7 @@ async fn a_refusal_is_a_429_with_retry_after_and_the_fields_and_never_reaches_th
     assert_eq!(fixture.calls(), 3);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn keys_spend_budgets_of_their_own(pool: PgPool) {
     let fixture = Fixture::new(&pool);
     let by_header = fixture.service(false).layer(BudgetLayer::new(
@@ -187,7 +187,7 @@ async fn keys_spend_budgets_of_their_own(pool: PgPool) {
     assert_eq!(fixture.calls(), 5);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn the_body_length_is_the_cost(pool: PgPool) {
     let fixture = Fixture::new(&pool);
     // 100 bytes of burst, 10 a second.
@@ -222,7 +222,7 @@ async fn the_body_length_is_the_cost(pool: PgPool) {
     assert_eq!(fixture.calls(), 2);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_missing_key_is_a_400_unless_a_fallback_key_spends_for_it(pool: PgPool) {
     let fixture = Fixture::new(&pool);
     let strict = fixture.service(false).layer(BudgetLayer::new(
@@ -246,7 +246,7 @@ async fn a_missing_key_is_a_400_unless_a_fallback_key_spends_for_it(pool: PgPool
     assert_eq!(send(&lenient, keyed("alice")).await.status, StatusCode::OK);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn closures_key_and_price_requests_and_may_leave_one_unlimited(pool: PgPool) {
     let fixture = Fixture::new(&pool);
     // Keyed by the first path segment, /public unlimited; a request costs 2, or 5 when
@@ -271,7 +271,7 @@ async fn closures_key_and_price_requests_and_may_leave_one_unlimited(pool: PgPoo
     assert_eq!(fixture.calls(), 13);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_scope_budget_spends_a_domains_bucket_sized_by_its_policy(pool: PgPool) {
     let fixture = Fixture::new(&pool);
     let policy = Policy::strict(Limit::new(1.0, 2.0).unwrap());
@@ -302,7 +302,7 @@ async fn a_scope_budget_spends_a_domains_bucket_sized_by_its_policy(pool: PgPool
     assert_eq!(fixture.calls(), 2);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_store_that_cannot_answer_is_a_500_failing_closed_and_the_fail_mode_decides_otherwise(
     pool: PgPool,
 ) {
@@ -352,7 +352,7 @@ async fn a_store_that_cannot_answer_is_a_500_failing_closed_and_the_fail_mode_de
     assert_eq!(fixture.calls(), 3);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn charging_only_failures_refuses_a_spent_address_before_the_service_but_never_a_vouched_for_one(
     pool: PgPool,
 ) {
@@ -411,7 +411,7 @@ async fn charging_only_failures_refuses_a_spent_address_before_the_service_but_n
     assert_eq!(*refused_keys.lock().unwrap(), [RequestKey::from(guesser), RequestKey::from(guesser)]);
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_grpc_request_is_refused_with_a_grpc_status(pool: PgPool) {
     let fixture = Fixture::new(&pool);
     let app = fixture.service(false).layer(BudgetLayer::new(

@@ -37,7 +37,7 @@ fn scopes(fill: &Value) -> Vec<&str> {
     fill["buckets"].as_array().unwrap().iter().map(|bucket| bucket["scope"].as_str().unwrap()).collect()
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn the_operator_views_need_the_operator_token_and_the_page_holds_no_data(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -72,7 +72,7 @@ async fn the_operator_views_need_the_operator_token_and_the_page_holds_no_data(
     replica.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn fill_shows_a_nodes_and_a_domains_buckets_now_and_the_levels_its_decisions_left(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -140,7 +140,7 @@ async fn fill_shows_a_nodes_and_a_domains_buckets_now_and_the_levels_its_decisio
     replica.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn status_shows_the_snapshot_version_the_leader_and_decisions_by_outcome(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
@@ -191,7 +191,7 @@ async fn status_shows_the_snapshot_version_the_leader_and_decisions_by_outcome(
     replica.stop().await;
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn fill_counts_a_shadow_rules_refusals_apart_from_refusals(
     _: PgPoolOptions,
     connect: PgConnectOptions,

@@ -162,7 +162,7 @@ fn text(markup: &str) -> String {
     text
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn the_operator_page_shows_buckets_decisions_rules_and_the_leader_in_headless_chromium(
     _: PgPoolOptions,
     connect: PgConnectOptions,

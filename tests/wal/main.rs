@@ -26,7 +26,7 @@ async fn wal_position(pool: &PgPool) -> i64 {
         .unwrap()
 }
 
-#[sqlx::test(migrator = "app::MIGRATOR")]
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_thousand_refusals_on_an_exhausted_bucket_write_next_to_no_wal(pool: PgPool) {
     let store = Store::new(pool.clone());
     let now = Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap();

@@ -24,12 +24,14 @@
 //! SQL or the rate-budget store; the model, ports and service build and test without a
 //! database.
 
+mod credentials;
 mod error;
 mod model;
 mod persistence;
 mod ports;
 mod service;
 
+pub use credentials::{CredentialCache, Lookup};
 pub use error::{
     AuthError, BoxError, CreateDomainError, EnrolError, InsertDomainError, IssuanceLimitError,
     RepositoryError, RevokeError,
@@ -40,4 +42,6 @@ pub use model::{
 };
 pub use persistence::{PgAccessRepository, RateBudgetIssuanceLimiter, NODE_REVOKED_CHANNEL, TIER_CHANNEL};
 pub use ports::{AccessRepository, Limiter};
+#[cfg(feature = "mocks")]
+pub use ports::{MockAccessRepository, MockLimiter};
 pub use service::AccessService;

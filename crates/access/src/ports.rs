@@ -6,7 +6,7 @@ use crate::{
 };
 
 /// Decides whether a Domain may issue another Node credential now.
-#[cfg_attr(test, mockall::automock)]
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
 #[async_trait::async_trait]
 pub trait Limiter: Send + Sync {
     /// Spends one issuance from `domain`'s budget, sized by whatever governs that Domain's
@@ -24,7 +24,7 @@ pub trait Limiter: Send + Sync {
 }
 
 /// Where Domains and Nodes are kept. Tokens are kept only as their hashes.
-#[cfg_attr(test, mockall::automock)]
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
 #[async_trait::async_trait]
 pub trait AccessRepository: Send + Sync {
     /// Stores a new Domain. Names are unique.

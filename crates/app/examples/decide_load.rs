@@ -26,13 +26,13 @@ use std::time::{Duration, Instant};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use app::http::grpc::envoy::extensions::common::ratelimit::v3::{
+use bytes::{BufMut as _, Bytes, BytesMut};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
     rate_limit_descriptor::Entry, RateLimitDescriptor,
 };
-use app::http::grpc::envoy::service::ratelimit::v3::{
+use envoy_types::pb::envoy::service::ratelimit::v3::{
     rate_limit_response::Code, RateLimitRequest, RateLimitResponse,
 };
-use bytes::{BufMut as _, Bytes, BytesMut};
 use prost::Message as _;
 
 type Failure = Box<dyn std::error::Error + Send + Sync>;

@@ -11,14 +11,14 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use app::http::grpc::envoy::config::core::v3::HeaderValue;
-use app::http::grpc::envoy::service::ratelimit::v3::rate_limit_response::{
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     rate_limit::Unit, Code, DescriptorStatus, RateLimit,
 };
-use app::http::grpc::envoy::service::ratelimit::v3::rate_limit_service_server::{
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
-use app::http::grpc::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::{Request, Response, Status};
 
 /// Answers every call with `response`.
@@ -52,7 +52,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 unit: Unit::Second as i32,
             }),
             limit_remaining: 999_999_999,
-            duration_until_reset: Some(prost_types::Duration { seconds: 0, nanos: 1 }),
+            duration_until_reset: Some(envoy_types::pb::google::protobuf::Duration { seconds: 0, nanos: 1 }),
             quota: None,
         }],
         response_headers_to_add: vec![

@@ -8,10 +8,12 @@ use std::io::Write;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use audit::AuditLog as _;
 use clap::{Parser, Subcommand};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection as _, PgConnection, PgPool};
+
+use service::operations::Shown;
+use service::{OperationError, Operations};
 
 use crate::config::{self, Config};
 use crate::startup::{Application, Wiring};
@@ -163,7 +165,7 @@ pub const EXIT_USAGE: u8 = 2;
 /// and returns the exit status: 0, 1 ([`Failure::Failed`]), 2 ([`Failure::Usage`]), or 130
 /// from `serve` after a second signal.
 pub async fn main() -> std::process::ExitCode {
-    crate::telemetry::init();
+    crate::observation::logs::init();
     let command = match parse() {
         Ok(cli) => cli.command,
         Err(error) => {
@@ -197,7 +199,8 @@ fn parse() -> Result<Cli, clap::Error> {
 
 /// The version line `plexsphere --version` prints, without the name.
 pub fn version() -> String {
-    let schema = crate::MIGRATOR.iter().map(|migration| migration.version).max().unwrap_or_default();
+    let schema =
+        crate::migrations::MIGRATOR.iter().map(|migration| migration.version).max().unwrap_or_default();
     format!("{} (commit {}, database schema {schema})", env!("CARGO_PKG_VERSION"), env!("PLEXSPHERE_COMMIT"))
 }
 
@@ -249,14 +252,14 @@ const INTERRUPTED: i32 = 130;
 pub async fn serve(config: Config, migrate_first: bool) -> anyhow::Result<()> {
     let development_key = secrets::SecretsKey::from_base64(config::DEVELOPMENT_SECRETS_KEY)
         .expect("the development key is a key");
-    if config.keyring.current_key_id() == development_key.id() {
+    if config.secrets.keyring.current_key_id() == development_key.id() {
         tracing::warn!(
             "{} is the README's development key: anyone can open these secrets; never use it in production",
             config::SECRETS_KEY
         );
     }
     // Migrations take a session lock: the database itself, never a transaction pooler.
-    let pool = connect(config.session_database.clone()).await?;
+    let pool = connect((*config.database.session_url).clone()).await?;
     if migrate_first {
         migrate_pool(&pool, false).await?;
     } else if let Some(out_of_order) = crate::migrations::gaps(&pool).await? {
@@ -288,32 +291,18 @@ pub async fn migrate(database: PgConnectOptions, allow_out_of_order: bool) -> an
     migrate_pool(&pool, allow_out_of_order).await
 }
 
-/// Whose id a bucket key is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Holder {
-    Domain,
-    Node,
-}
-
-impl Holder {
-    fn as_str(self) -> &'static str {
-        match self {
-            Holder::Domain => "Domain",
-            Holder::Node => "Node",
-        }
-    }
-}
-
-/// Whether `key` is a Domain's id, a Node's, or nobody's (a typo, or a Node or Domain since
-/// deleted): a bucket key carries no foreign key, so only access knows.
-async fn holder(pool: &PgPool, key: uuid::Uuid) -> anyhow::Result<Option<Holder>> {
-    use access::AccessRepository as _;
-    let access = access::PgAccessRepository::new(pool.clone());
-    if access.find_domain(key.into()).await.context("failed to look the id up")?.is_some() {
-        return Ok(Some(Holder::Domain));
-    }
-    let node = access.find_node(key.into()).await.context("failed to look the id up")?;
-    Ok(node.map(|_| Holder::Node))
+/// The operator actions on `pool`, as the command line runs them: nobody's replica to reload,
+/// no issuance to spend.
+fn operations(pool: &PgPool) -> Operations {
+    Operations::new(
+        access::AccessService::new(
+            Arc::new(access::PgAccessRepository::new(pool.clone())),
+            Arc::new(NoIssuance),
+        ),
+        rules::RulesService::new(Arc::new(rules::PgRulesRepository::new(pool.clone()))),
+        Arc::new(audit::PgAuditLog::new(pool.clone())),
+        Arc::new(ratebudget::Store::new(pool.clone())),
+    )
 }
 
 /// `plexsphere budgets show <key>`: every scope's bucket of one Node or Domain, as stored.
@@ -331,9 +320,8 @@ pub async fn show_budgets(
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
     let pool = connect(database).await?;
-    let holder = holder(&pool, key).await?;
-    let buckets =
-        ratebudget::Store::new(pool).buckets(key.into()).await.context("failed to read the budgets")?;
+    let Shown { holder, buckets } =
+        operations(&pool).show_budgets(key).await.context("failed to read the budgets")?;
     let Some(holder) = holder else {
         if buckets.is_empty() {
             anyhow::bail!("no Node or Domain has the id {key}, and no bucket is kept under it");
@@ -383,37 +371,20 @@ pub async fn reset_budget(
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
     let pool = connect(database).await?;
-    let keyed_by = if scope.is_per_domain() { Holder::Domain } else { Holder::Node };
-    match holder(&pool, key).await? {
-        None => anyhow::bail!("no Node or Domain has the id {key}; nothing was reset"),
-        Some(holder) if holder != keyed_by => anyhow::bail!(
-            "{key} is a {}'s id, and {scope} is keyed by a {}'s; nothing was reset",
-            holder.as_str(),
-            keyed_by.as_str()
-        ),
-        Some(_) => {}
-    }
-    let existed = ratebudget::Store::new(pool.clone())
-        .reset(scope, key.into())
+    let reset = operations(&pool)
+        .reset_budget(audit::Actor::command_line(), scope, key)
         .await
         .context("failed to reset the budget")?;
-    let subject = match keyed_by {
-        Holder::Node => audit::Subject { node_id: Some(key), ..audit::Subject::default() },
-        Holder::Domain => audit::Subject { domain_id: Some(key), ..audit::Subject::default() },
-    };
-    let entry =
-        audit::NewEntry { actor: audit::Actor::command_line(), action: audit::Action::ResetBudget, subject };
-    audit::PgAuditLog::new(pool)
-        .record(&entry)
-        .await
-        .context("failed to record the reset in the audit log")?;
-    if existed {
-        writeln!(out, "reset {scope} of {} {key}: its next take mints it full", keyed_by.as_str())?;
+    let who = reset.keyed_by.as_str();
+    if !reset.held {
+        writeln!(out, "no Node or Domain has the id {key} (any more); its {scope} bucket was reset anyway")?;
+    }
+    if reset.existed {
+        writeln!(out, "reset {scope} of {who} {key}: its next take mints it full")?;
     } else {
         writeln!(
             out,
-            "{scope} of {} {key} had no bucket (it was full already); replicas were told anyway",
-            keyed_by.as_str()
+            "{scope} of {who} {key} had no bucket (it was full already); replicas were told anyway"
         )?;
     }
     Ok(())
@@ -430,58 +401,64 @@ pub async fn rekey_secrets(
     database: PgConnectOptions,
     keyring: secrets::Keyring,
     batch_size: usize,
-    out: &mut impl Write,
+    out: &mut (impl Write + Send),
 ) -> anyhow::Result<()> {
-    anyhow::ensure!(batch_size > 0, "the batch size must be at least 1");
+    let batch_size = std::num::NonZeroUsize::new(batch_size).context("the batch size must be at least 1")?;
     let pool = connect(database).await?;
     let current = keyring.current_key_id().clone();
-    let service = secrets::SecretsService::new(
+    let secrets = secrets::SecretsService::new(
         Arc::new(secrets::PgSecretRepository::new(pool.clone())),
         Arc::new(NoReads),
         Arc::new(keyring),
     );
-    let (mut resealed, mut from_plaintext, mut replaced) = (0, 0, 0);
-    let mut after = None;
-    for batch_number in 1.. {
-        let batch = service.rekey_batch(after.as_ref(), batch_size).await.map_err(|error| {
-            let hint = match error {
-                secrets::RekeyError::Unreadable { .. } => format!(
-                    "; list the key that sealed it in {} (or {} if it is the current one)",
+    let mut printed = Ok(());
+    let mut progress = |batch_number: usize, batch: &secrets::RekeyBatch| {
+        if printed.is_ok() {
+            printed = writeln!(
+                out,
+                "batch {batch_number}: {} re-sealed from old keys, {} sealed from plain text, {} written meanwhile",
+                batch.resealed, batch.sealed_from_plaintext, batch.replaced_meanwhile
+            );
+        }
+    };
+    let rekeyed = operations(&pool)
+        .rekey_secrets(audit::Actor::command_line(), &secrets, batch_size, &mut progress)
+        .await
+        .map_err(|error| {
+            let hint = match &error {
+                OperationError::Rekey { source: secrets::RekeyError::Unreadable { .. }, .. } => format!(
+                    "list the key that sealed it in {} (or {} if it is the current one)",
                     config::SECRETS_OLD_KEYS,
                     config::SECRETS_KEY
                 ),
-                secrets::RekeyError::Unavailable(_) => String::new(),
+                _ => String::new(),
             };
-            anyhow::Error::new(error).context(format!("re-sealing stopped in batch {batch_number}{hint}"))
+            let error = anyhow::Error::new(error);
+            if hint.is_empty() {
+                error
+            } else {
+                error.context(hint)
+            }
         })?;
-        writeln!(
-            out,
-            "batch {batch_number}: {} re-sealed from old keys, {} sealed from plain text, {} written meanwhile",
-            batch.resealed, batch.sealed_from_plaintext, batch.replaced_meanwhile
-        )?;
-        resealed += batch.resealed;
-        from_plaintext += batch.sealed_from_plaintext;
-        replaced += batch.replaced_meanwhile;
-        after = batch.next;
-        if after.is_none() {
-            break;
-        }
-    }
-    let entry = audit::NewEntry {
-        actor: audit::Actor::command_line(),
-        action: audit::Action::RekeySecrets,
-        subject: audit::Subject::default(),
-    };
-    audit::PgAuditLog::new(pool)
-        .record(&entry)
-        .await
-        .context("failed to record the rekey in the audit log")?;
+    printed?;
     writeln!(
         out,
-        "every secret is sealed under key {current}: {resealed} re-sealed, {from_plaintext} sealed from plain text, \
-         {replaced} written meanwhile; the old keys can be retired"
+        "every secret is sealed under key {current}: {} re-sealed, {} sealed from plain text, \
+         {} written meanwhile; the old keys can be retired",
+        rekeyed.resealed, rekeyed.sealed_from_plaintext, rekeyed.replaced_meanwhile
     )?;
     Ok(())
+}
+
+/// The issuance limiter of a command that enrols no Node: it is never asked, and would refuse
+/// to answer rather than admit an issuance nobody budgeted.
+struct NoIssuance;
+
+#[async_trait::async_trait]
+impl access::Limiter for NoIssuance {
+    async fn spend_issuance(&self, _: access::DomainId) -> Result<(), access::IssuanceLimitError> {
+        Err(access::IssuanceLimitError::Unavailable("the command line issues no credentials".into()))
+    }
 }
 
 /// The read limiter of a service that only re-seals: it is never asked, and would refuse to

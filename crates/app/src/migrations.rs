@@ -12,11 +12,25 @@
 //! crate's and the contexts' never depend on each other.
 
 use std::fmt;
+use std::sync::LazyLock;
 
+use sqlx::migrate::Migrator;
 use sqlx::PgPool;
 
+/// Every migration of the database: `ratebudget`'s own ([`ratebudget::MIGRATOR`]) and the
+/// contexts' ([`OWN`]), in version order, which is the order they were always applied in on a
+/// fresh database.
+///
+/// One set for the whole database, applied by `plexsphere migrate` (and `serve`, first) and
+/// by every test that needs a fresh database.
+pub static MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
+    let mut migrations: Vec<_> = ratebudget::MIGRATOR.iter().chain(OWN.iter()).cloned().collect();
+    migrations.sort_by_key(|migration| migration.version);
+    Migrator { migrations: migrations.into(), ..Migrator::DEFAULT }
+});
+
 /// The contexts' migrations, the top-level `migrations/`: access, secrets, ingest, audit and
-/// rules. [`crate::MIGRATOR`] applies them with `ratebudget`'s.
+/// rules. [`MIGRATOR`] applies them with `ratebudget`'s.
 pub static OWN: sqlx::migrate::Migrator =
     sqlx::migrate::Migrator { ignore_missing: true, ..sqlx::migrate!("../../migrations") };
 
@@ -109,7 +123,7 @@ pub async fn gaps(pool: &PgPool) -> Result<Option<OutOfOrder>, MigrateError> {
     }))
 }
 
-/// Applies every pending migration ([`crate::MIGRATOR`]) to `pool`, refusing a database with a
+/// Applies every pending migration ([`MIGRATOR`]) to `pool`, refusing a database with a
 /// gap ([`gaps`]) unless `allow_out_of_order`.
 ///
 /// # Errors
@@ -122,5 +136,5 @@ pub async fn apply(pool: &PgPool, allow_out_of_order: bool) -> Result<(), Migrat
         }
         tracing::warn!(%out_of_order, "applying migrations out of order, as told");
     }
-    crate::MIGRATOR.run(pool).await.map_err(MigrateError::Database)
+    MIGRATOR.run(pool).await.map_err(MigrateError::Database)
 }

@@ -45,6 +45,8 @@ pub use model::{
     Api, Attributes, Pattern, Service, ServiceDraft, Services, Target, MAX_ATTRIBUTES, OWN_SERVICE,
 };
 pub use persistence::{PgRulesRepository, CHANGES_CHANNEL};
+#[cfg(feature = "mocks")]
+pub use ports::MockRulesRepository;
 pub use ports::{Created, Replaced, RolledBack, RulesRepository};
 pub use service::{Put, RulesService};
 pub use snapshot::{Level, Matched, Resolved, Snapshot};

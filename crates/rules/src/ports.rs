@@ -58,7 +58,7 @@ pub enum RolledBack {
 /// announce the new revision to every listener. A conditional change MUST be decided by the
 /// store itself against the rule's version at the moment of the change, never by reading the
 /// version first: of two writers naming the same version, exactly one MUST win.
-#[cfg_attr(test, mockall::automock)]
+#[cfg_attr(any(test, feature = "mocks"), mockall::automock)]
 #[async_trait::async_trait]
 pub trait RulesRepository: Send + Sync {
     /// Writes `spec` as rule `id` unless a rule of that id exists.

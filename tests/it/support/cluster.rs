@@ -197,7 +197,7 @@ impl PrivateCluster {
             .connect_with(self.socket_options())
             .await
             .unwrap();
-        app::MIGRATOR.run(&pool).await.unwrap();
+        app::migrations::MIGRATOR.run(&pool).await.unwrap();
         pool.close().await;
     }
 }

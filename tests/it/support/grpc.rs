@@ -1,6 +1,7 @@
-//! An independent client of Envoy's rate limit service protocol: Python's grpcio with the
-//! vendored protos compiled by grpcio-tools (`tests/grpc/`), not the server's own generated
-//! code, so the wire format is checked against a second implementation.
+//! An independent client of Envoy's rate limit service protocol: Python's grpcio with Envoy's
+//! protos (those the envoy-types package ships) compiled by grpcio-tools (`tests/grpc/`), not
+//! the server's own generated code, so the wire format is checked against a second
+//! implementation.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -82,7 +82,7 @@ impl FreshDatabase {
         let pool =
             PgPoolOptions::new().max_connections(4).connect(&database_url(&admin_url, &name)).await.unwrap();
         let earlier = sqlx::migrate::Migrator {
-            migrations: app::MIGRATOR
+            migrations: app::migrations::MIGRATOR
                 .iter()
                 .filter(|migration| migration.version < version)
                 .cloned()

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use app::config::{self, Config, Knobs};
-use app::leader::{LeaderTiming, Leadership};
+use app::runtime::leader::{LeaderTiming, Leadership};
 use app::startup::TimeSource;
 use app::startup::{Application, Wiring};
 use ratebudget::Clock;
@@ -53,8 +53,8 @@ pub(crate) fn config(database: &PgConnectOptions, knobs: &[(&str, &str)]) -> Con
     let mut config = Config::from_knobs(&knobs).unwrap();
     // Both URLs name the test's own database: the listener and the leader lock live on the
     // session URL, and a session on another database hears none of this test's announcements.
-    config.database = database.clone();
-    config.session_database = database.clone();
+    *config.database.url = database.clone();
+    *config.database.session_url = database.clone();
     config
 }
 
@@ -313,7 +313,7 @@ where
 
 /// The backend holding the leader lock in this database, if any.
 pub(crate) async fn leader_backend(pool: &sqlx::PgPool) -> Option<i32> {
-    let key = app::leader::LEADER_LOCK_KEY;
+    let key = app::runtime::leader::LEADER_LOCK_KEY;
     // pg_locks shows a bigint advisory key as its high and low 32 bits.
     sqlx::query_scalar(
         "SELECT pid FROM pg_locks

@@ -1,4 +1,5 @@
 use super::*;
+use ratebudget::FailMode;
 
 /// Base64 of 32 bytes of 0x11.
 const KEY: &str = "ERERERERERERERERERERERERERERERERERERERERERE=";
@@ -43,13 +44,13 @@ fn rejects(pairs: &[(&str, &str)], knob: &str) {
 fn defaults_refill_to_full_in_the_documented_seconds() {
     let config = parse(&[]).unwrap();
     let seconds = |limit: Limit| limit.refill_time().as_secs_f64();
-    assert_eq!(seconds(config.limits.secret_read_node), 2.0);
-    assert_eq!(seconds(config.limits.secret_read_domain), 2.0);
-    assert_eq!(seconds(config.limits.access_issuance), 5.0);
-    assert_eq!(seconds(config.limits.ingest_node), 4.0);
-    assert_eq!(seconds(config.limits.ingest_domain), 4.0);
-    assert_eq!(config.listen, "127.0.0.1:8080".parse().unwrap());
-    assert_eq!(config.sweep_interval, Duration::from_secs(3600));
+    assert_eq!(seconds(config.budgets.defaults.of(Scope::SecretReadNode).limit), 2.0);
+    assert_eq!(seconds(config.budgets.defaults.of(Scope::SecretReadDomain).limit), 2.0);
+    assert_eq!(seconds(config.budgets.defaults.of(Scope::AccessIssuanceDomain).limit), 5.0);
+    assert_eq!(seconds(config.budgets.defaults.of(Scope::IngestNode).limit), 4.0);
+    assert_eq!(seconds(config.budgets.defaults.of(Scope::IngestDomain).limit), 4.0);
+    assert_eq!(config.http.listen, "127.0.0.1:8080".parse().unwrap());
+    assert_eq!(config.budgets.sweep_interval, Duration::from_secs(3600));
 }
 
 #[test]
@@ -61,9 +62,9 @@ fn knobs_override_the_defaults() {
         (LISTEN, "0.0.0.0:9000"),
     ])
     .unwrap();
-    assert_eq!(config.limits.secret_read_node, Limit::new(2.5, 5.0).unwrap());
-    assert_eq!(config.sweep_interval, Duration::from_secs(60));
-    assert_eq!(config.listen, "0.0.0.0:9000".parse().unwrap());
+    assert_eq!(config.budgets.defaults.of(Scope::SecretReadNode).limit, Limit::new(2.5, 5.0).unwrap());
+    assert_eq!(config.budgets.sweep_interval, Duration::from_secs(60));
+    assert_eq!(config.http.listen, "0.0.0.0:9000".parse().unwrap());
 }
 
 #[test]
@@ -107,7 +108,7 @@ fn a_take_gives_up_on_the_store_before_the_request_gives_up_on_the_take() {
         assert!(message.contains(DATABASE_TIMEOUT_MS) && message.contains(DECISION_TIMEOUT_MS), "{message}");
     }
     let config = parse(&[(DECISION_TIMEOUT_MS, "2999"), (DATABASE_TIMEOUT_MS, "3000")]).unwrap();
-    assert_eq!(config.decision_timeout, Duration::from_millis(2999));
+    assert_eq!(config.budgets.decision_timeout, Duration::from_millis(2999));
 }
 
 #[test]
@@ -115,7 +116,8 @@ fn http_limits_and_clock_bound_have_bounded_defaults() {
     let config = parse(&[]).unwrap();
     assert_eq!(
         config.http,
-        HttpLimits {
+        HttpConfig {
+            listen: "127.0.0.1:8080".parse().unwrap(),
             header_timeout: Duration::from_secs(5),
             body_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(15),
@@ -123,7 +125,7 @@ fn http_limits_and_clock_bound_have_bounded_defaults() {
         }
     );
     assert_eq!(config.shutdown_grace, Duration::from_secs(15));
-    assert_eq!(config.max_clock_skew, Duration::from_secs(1));
+    assert_eq!(config.budgets.max_clock_skew, Duration::from_secs(1));
 }
 
 #[test]
@@ -158,7 +160,10 @@ fn a_missing_database_url_names_the_variable_and_the_tests_default_is_nobodys_ch
 #[test]
 fn every_budget_must_refill_within_the_sweeps_retention_by_the_stores_rule() {
     let config = parse(&[(ACCESS_ISSUANCE_PER_SECOND, "0.01"), (ACCESS_ISSUANCE_BURST, "36")]).unwrap();
-    assert_eq!(config.limits.access_issuance, Limit::new(0.01, 36.0).unwrap());
+    assert_eq!(
+        config.budgets.defaults.of(Scope::AccessIssuanceDomain).limit,
+        Limit::new(0.01, 36.0).unwrap()
+    );
     rejects(&[(ACCESS_ISSUANCE_PER_SECOND, "0.01"), (ACCESS_ISSUANCE_BURST, "36.5")], ACCESS_ISSUANCE_BURST);
 }
 
@@ -199,12 +204,12 @@ fn old_keys_are_a_comma_separated_list_and_open_what_they_sealed() {
     let config = parse(&[(SECRETS_OLD_KEYS, &format!(" {OLD_KEY} ,,{KEY}"))]).unwrap();
     let current = secrets::SecretsKey::from_base64(KEY).unwrap();
     let old = secrets::SecretsKey::from_base64(OLD_KEY).unwrap();
-    assert_eq!(config.keyring.current_key_id(), current.id());
+    assert_eq!(config.secrets.keyring.current_key_id(), current.id());
     let domain = secrets::DomainId::from(uuid::Uuid::new_v4());
     let name = secrets::SecretName::parse("n").unwrap();
     let value = secrets::SecretValue::new("v").unwrap();
     let sealed = secrets::Keyring::new(old, []).seal(domain, &name, &value);
-    assert_eq!(config.keyring.open(domain, &name, &secrets::StoredValue::Sealed(sealed)), Ok(value));
+    assert_eq!(config.secrets.keyring.open(domain, &name, &secrets::StoredValue::Sealed(sealed)), Ok(value));
 }
 
 #[test]
@@ -222,7 +227,12 @@ fn a_key_knob_error_never_repeats_the_key() {
 #[track_caller]
 fn operators(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
     let config = parse_without_operator_token(pairs).unwrap();
-    config.operators.into_iter().map(|operator| (operator.name.as_str().to_owned(), operator.token)).collect()
+    config
+        .auth
+        .operators
+        .into_iter()
+        .map(|operator| (operator.name.as_str().to_owned(), operator.token.to_string()))
+        .collect()
 }
 
 #[test]
@@ -269,10 +279,10 @@ fn unusable_operator_tokens_are_refused_naming_the_knob_never_the_token() {
 #[test]
 fn rule_knobs_are_bounded_and_fail_modes_may_be_open() {
     let config = parse(&[(INGEST_NODE_FAIL_MODE, "open"), (RULES_POLL_INTERVAL_MS, "250")]).unwrap();
-    assert_eq!(config.fail_modes[&Scope::IngestNode], FailMode::Open);
-    assert_eq!(config.fail_modes[&Scope::IngestDomain], FailMode::Closed);
-    assert_eq!(config.rules_poll_interval, Duration::from_millis(250));
-    assert_eq!(config.rule_usage_flush_interval, Duration::from_secs(10));
+    assert_eq!(config.budgets.defaults.of(Scope::IngestNode).fail_mode, FailMode::Open);
+    assert_eq!(config.budgets.defaults.of(Scope::IngestDomain).fail_mode, FailMode::Closed);
+    assert_eq!(config.budgets.rules_poll_interval, Duration::from_millis(250));
+    assert_eq!(config.budgets.rule_usage_flush_interval, Duration::from_secs(10));
     rejects(&[(RULES_POLL_INTERVAL_MS, "99")], RULES_POLL_INTERVAL_MS);
     rejects(&[(RULE_USAGE_FLUSH_INTERVAL_MS, "600001")], RULE_USAGE_FLUSH_INTERVAL_MS);
 }
@@ -308,7 +318,11 @@ fn the_fallback_fail_mode_is_static_as_in_the_rules_and_local_still_reads() {
     // Issue 22: one name for the fallback's mode everywhere; the knob's old spelling works.
     for spelling in ["static", "local"] {
         let config = parse(&[(SECRET_READ_NODE_FAIL_MODE, spelling)]).unwrap();
-        assert_eq!(config.fail_modes[&Scope::SecretReadNode], FailMode::Static, "{spelling}");
+        assert_eq!(
+            config.budgets.defaults.of(Scope::SecretReadNode).fail_mode,
+            FailMode::Static,
+            "{spelling}"
+        );
     }
 }
 
@@ -345,7 +359,7 @@ fn a_decide_token_decides_for_the_services_it_names_or_every_service_but_ours() 
     )])
     .unwrap();
     let callers: Vec<(&str, &Services)> =
-        config.decide_callers.iter().map(|caller| (caller.name.as_str(), &caller.services)).collect();
+        config.auth.decide_callers.iter().map(|caller| (caller.name.as_str(), &caller.services)).collect();
     assert_eq!(
         callers,
         [

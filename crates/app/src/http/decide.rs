@@ -15,10 +15,12 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::auth::bearer;
+use super::error::ApiError;
+use super::extract::{read_body, OPERATOR_BODY_LIMIT};
 use super::rule_routes::{rule_body, RuleBody};
-use super::{read_body, ApiError, AppState, OPERATOR_BODY_LIMIT};
-use crate::decide::{Answer, DecideError, Descriptor, Entry, Request, Status};
+use super::state::AppState;
 use rules::Services;
+use service::decide::{Answer, Descriptor, Entry, Request, Status};
 
 /// A caller with a decide token, and the services it may ask for; extracting it answers 404
 /// while the decide API is off, and 401 for anyone without one.
@@ -128,19 +130,6 @@ fn answer_body(answer: Answer) -> AnswerBody {
     }
 }
 
-impl From<DecideError> for ApiError {
-    fn from(error: DecideError) -> Self {
-        match error {
-            invalid @ DecideError::Invalid { .. } => ApiError::bad_request(invalid),
-            forbidden @ DecideError::Forbidden { .. } => {
-                ApiError::Forbidden { message: forbidden.to_string() }
-            }
-            DecideError::NotLoaded(not_loaded) => not_loaded.into(),
-            undecided @ DecideError::Undecided(_) => ApiError::internal(undecided),
-        }
-    }
-}
-
 /// `POST /v1/decide`: Envoy's `RateLimitRequest` as JSON (`domain`, `descriptors` of `entries`,
 /// `hits_addend`), answered with its `RateLimitResponse` as JSON, 200 whether or not it is
 /// over the limit; 400 for a request malformed as a message (no domain, a descriptor without
@@ -198,7 +187,7 @@ pub(super) async fn snapshot(
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
-        .and_then(super::auth::bearer_token);
+        .and_then(crate::edge::tokens::bearer_token);
     // An operator sees every service's rules, its own among them; a decide caller only those
     // of the services it decides for.
     let services = match presented {

@@ -12,6 +12,7 @@ use std::time::Duration;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use ratebudget::cause_chain;
 use serde::Serialize;
 
 /// Any cause kept for the log.
@@ -123,10 +124,6 @@ impl ApiError {
         }
     }
 }
-
-/// `error` and each of its sources on one line: the layer's, so a failure reads the same
-/// whether the throttle or a handler logged it.
-pub use crate::telemetry::cause_chain;
 
 /// The body of every error response, built here and nowhere else.
 #[derive(Serialize)]
@@ -410,9 +407,54 @@ impl From<rules::WriteError> for ApiError {
     }
 }
 
-impl From<crate::budgets::NotLoaded> for ApiError {
-    fn from(error: crate::budgets::NotLoaded) -> Self {
+impl From<service::NotLoaded> for ApiError {
+    fn from(error: service::NotLoaded) -> Self {
         ApiError::internal(error)
+    }
+}
+
+impl From<crate::edge::database_time::OutOfDatabaseTime> for ApiError {
+    fn from(out_of_time: crate::edge::database_time::OutOfDatabaseTime) -> Self {
+        ApiError::DatabaseTimeout { during: out_of_time.during, after: out_of_time.after }
+    }
+}
+
+impl From<service::DecideError> for ApiError {
+    fn from(error: service::DecideError) -> Self {
+        use service::DecideError;
+        match error {
+            invalid @ DecideError::Invalid { .. } => ApiError::bad_request(invalid),
+            forbidden @ DecideError::Forbidden { .. } => {
+                ApiError::Forbidden { message: forbidden.to_string() }
+            }
+            DecideError::NotLoaded(not_loaded) => not_loaded.into(),
+            undecided @ DecideError::Undecided(_) => ApiError::internal(undecided),
+        }
+    }
+}
+
+/// Each operation's failure as its context's own error answers it.
+impl From<service::OperationError> for ApiError {
+    fn from(error: service::OperationError) -> Self {
+        use service::OperationError;
+        match error {
+            OperationError::UnknownDomain(id) => unknown_domain(id),
+            wrong @ OperationError::WrongHolder { .. } => {
+                ApiError::BadRequest { code: "wrong_holder", message: wrong.to_string() }
+            }
+            invalid @ OperationError::Invalid { .. } => ApiError::bad_request(invalid),
+            actor @ OperationError::Actor(_) => ApiError::internal(actor),
+            OperationError::CreateDomain(error) => error.into(),
+            OperationError::Access(error) => error.into(),
+            OperationError::Enrol(error) => error.into(),
+            OperationError::Revoke(error) => error.into(),
+            OperationError::SecretWrite(error) => error.into(),
+            rekey @ OperationError::Rekey { .. } => ApiError::internal(rekey),
+            OperationError::RuleWrite(error) => error.into(),
+            OperationError::Rules(error) => error.into(),
+            store @ OperationError::Store(_) => ApiError::internal(store),
+            OperationError::Audit(error) => error.into(),
+        }
     }
 }
 

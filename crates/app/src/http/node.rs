@@ -9,7 +9,9 @@ use axum::Json;
 use serde::Serialize;
 
 use super::auth::NodeCaller;
-use super::{read_body, ApiError, AppState, PathParams, NO_STORE};
+use super::error::ApiError;
+use super::extract::{read_body, PathParams, NO_STORE};
+use super::state::AppState;
 
 #[derive(Serialize)]
 struct SecretBody<'a> {

@@ -12,9 +12,12 @@ use axum::Json;
 use serde::Serialize;
 
 use super::auth::Operator;
+use super::bodies;
 use super::error::unknown_domain;
-use super::rule_routes::Fields;
-use super::{bodies, parse_uuid, read_body, ApiError, AppState, PathParams, NO_STORE, OPERATOR_BODY_LIMIT};
+use super::error::ApiError;
+use super::extract::{parse_uuid, read_body, PathParams, NO_STORE, OPERATOR_BODY_LIMIT};
+use super::fields::Fields;
+use super::state::AppState;
 
 #[derive(Serialize)]
 pub(super) struct DomainBody {
@@ -25,21 +28,6 @@ pub(super) struct DomainBody {
     issuance_per_second: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     issuance_burst: Option<f64>,
-}
-
-/// Records that `actor` did `action` to `subject`. Called once the action succeeded, so the log
-/// holds what happened, not what was attempted. The action and the entry are two writes: if
-/// the entry cannot be written, the request answers 500 (the cause in the log) though the
-/// action stands, and the operator, seeing the 500, checks and retries.
-pub(super) async fn record(
-    state: &AppState,
-    actor: audit::Actor,
-    action: audit::Action,
-    subject: audit::Subject,
-) -> Result<(), ApiError> {
-    let entry = audit::NewEntry { actor, action, subject };
-    state.bounded("recording the action in the audit log", state.audit.record(&entry)).await??;
-    Ok(())
 }
 
 fn domain_body(domain: &access::Domain) -> DomainBody {
@@ -57,93 +45,23 @@ fn tier(text: &str) -> Result<access::Tier, ApiError> {
     Ok(access::Tier::parse(text)?)
 }
 
-/// `POST /v1/domains` `{"name", "tier"?, "issuance_per_second"?, "issuance_burst"?}`.
-///
-/// A Domain's own issuance policy is its issuance override rule
-/// (`domain-<id>-issuance`), written first, under the Domain's id-to-be: if the Domain is then
-/// not stored, the rule governs no Domain, whereas a Domain stored without its rule would be
-/// governed by the default. Every field is checked before either is written.
+/// `POST /v1/domains` `{"name", "tier"?, "issuance_per_second"?, "issuance_burst"?}`: a Domain,
+/// and its own issuance budget as its override rule ([`service::Operations::create_domain`]).
 pub(super) async fn create_domain(
-    operator: Operator,
+    Operator(actor): Operator,
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let request = bodies::new_domain(&read_body(body, OPERATOR_BODY_LIMIT)?)?;
-    let id = access::DomainId::random();
-    let issuance = request
-        .issuance
-        .map(|limit| issuance_override(&state, id, limit.per_second(), limit.burst()))
-        .transpose()?;
-
-    // The override is written first, so a Domain never exists without the policy it was
-    // created with; a name in use undoes it again (below).
-    let mut written_override = None;
-    if let Some(spec) = &issuance {
-        let rule_id = rules::RuleId::issuance_override(id.as_uuid());
-        let actor = operator.actor()?;
-        let put = state
-            .bounded("writing an issuance override", state.rules.put(&rule_id, spec, None, &actor))
-            .await??;
-        written_override = Some((rule_id, put.rule().version, actor));
-    }
-    let new_domain = access::NewDomain { id, name: request.name, tier: request.tier };
-    let created = state.bounded("creating a domain", state.access.create_domain(new_domain)).await?;
-    let domain = match created {
-        Ok(domain) => domain,
-        Err(refused) => {
-            if let Some((rule_id, version, actor)) = written_override {
-                // It governs an id nothing has; deleting it only keeps the rules tidy, so a
-                // failure here is logged and the request answers for the name.
-                let deleted = state.rules.delete(&rule_id, version, &actor).await;
-                if let Err(error) = deleted {
-                    tracing::warn!(rule = %rule_id, error = %super::error::cause_chain(&error), "could not delete the issuance override of a domain that was not created");
-                }
-            }
-            return Err(refused.into());
-        }
-    };
-    if issuance.is_some() {
-        state.reload_rules().await;
-    }
-    if domain.tier != access::Tier::DEFAULT {
-        state.reload_tiers().await;
-    }
-    let subject = audit::Subject { domain_id: Some(domain.id.as_uuid()), ..audit::Subject::default() };
-    record(&state, operator.0, audit::Action::CreateDomain, subject).await?;
+    let new =
+        service::operations::NewDomain { name: request.name, tier: request.tier, issuance: request.issuance };
+    let created = state.bounded("creating a domain", state.operations.create_domain(actor, new)).await??;
     let body = DomainBody {
-        issuance_per_second: issuance.as_ref().map(|spec| spec.limit().per_second()),
-        issuance_burst: issuance.as_ref().map(|spec| spec.burst()),
-        ..domain_body(&domain)
+        issuance_per_second: created.issuance.as_ref().map(|spec| spec.limit().per_second()),
+        issuance_burst: created.issuance.as_ref().map(|spec| spec.burst()),
+        ..domain_body(&created.domain)
     };
     Ok((StatusCode::CREATED, Json(body)).into_response())
-}
-
-/// The override rule a Domain's own issuance policy stands for: its issuances a second, over
-/// a second, failing as the issuance scope's knob says. Its fields are named as the request
-/// names them.
-fn issuance_override(
-    state: &AppState,
-    domain: access::DomainId,
-    per_second: f64,
-    burst: f64,
-) -> Result<rules::RuleSpec, ApiError> {
-    let default = state.rule_budgets.default_policy(ratebudget::Scope::AccessIssuanceDomain);
-    let draft = rules::RuleDraft {
-        service: None,
-        scope: ratebudget::Scope::AccessIssuanceDomain.as_str().to_owned(),
-        selector: rules::Selector::Domain(domain.as_uuid()),
-        rate: per_second,
-        per_ms: Some(1000),
-        burst,
-        algorithm: None,
-        mode: None,
-        fail_mode: Some(default.enforcement.fail_mode.as_str().to_owned()),
-        priority: None,
-    };
-    draft.validate().map_err(|invalid| {
-        let field = if invalid.field == "rate" { "issuance_per_second" } else { "issuance_burst" };
-        ApiError::bad_request(format!("invalid {field}: {}", invalid.reason))
-    })
 }
 
 /// `PATCH /v1/domains/{domain_id}` `{"tier"}`: moves the Domain to another tier, whose
@@ -158,14 +76,8 @@ pub(super) async fn patch_domain(
     let mut fields = Fields::parse(body)?;
     let tier = tier(&fields.string("tier")?.ok_or_else(|| ApiError::bad_request("invalid tier: required"))?)?;
     fields.finish()?;
-    let domain = state
-        .bounded("setting a domain's tier", state.access.set_tier(domain_id.into(), tier))
-        .await??
-        .ok_or_else(|| unknown_domain(domain_id))?;
-    tracing::info!(domain = %domain.id, %tier, "operator set a domain's tier");
-    state.reload_tiers().await;
-    let subject = audit::Subject { domain_id: Some(domain_id), ..audit::Subject::default() };
-    record(&state, actor, audit::Action::RetierDomain, subject).await?;
+    let domain =
+        state.bounded("setting a domain's tier", state.operations.set_tier(actor, domain_id, tier)).await??;
     Ok(Json(domain_body(&domain)))
 }
 
@@ -279,13 +191,7 @@ pub(super) async fn enrol_node(
     let domain_id = parse_uuid(&domain_id, "domain_id")?;
     let name = bodies::node_name(&read_body(body, OPERATOR_BODY_LIMIT)?)?;
     let enrolment =
-        state.bounded("enrolling a node", state.access.enrol_node(domain_id.into(), name)).await??;
-    let subject = audit::Subject {
-        domain_id: Some(domain_id),
-        node_id: Some(enrolment.node.id.as_uuid()),
-        ..audit::Subject::default()
-    };
-    record(&state, actor, audit::Action::EnrolNode, subject).await?;
+        state.bounded("enrolling a node", state.operations.enrol_node(actor, domain_id, name)).await??;
     let body = EnrolmentBody {
         id: enrolment.node.id.as_uuid(),
         domain_id: enrolment.node.domain_id.as_uuid(),
@@ -304,11 +210,14 @@ pub(super) async fn revoke_node(
 ) -> Result<StatusCode, ApiError> {
     let domain_id = parse_uuid(&domain_id, "domain_id")?;
     let node_id = parse_uuid(&node_id, "node_id")?;
-    state.bounded("revoking a node", state.access.revoke_node(domain_id.into(), node_id.into())).await??;
-    state.credentials.revoke(node_id.into());
-    let subject =
-        audit::Subject { domain_id: Some(domain_id), node_id: Some(node_id), ..audit::Subject::default() };
-    record(&state, actor, audit::Action::RevokeNode, subject).await?;
+    let revoked =
+        state.bounded("revoking a node", state.operations.revoke_node(actor, domain_id, node_id)).await?;
+    // Revoked (whether or not its audit entry could be written): this replica stops trusting
+    // the token at once; the others when the announcement reaches them.
+    if !matches!(revoked, Err(service::OperationError::Revoke(_) | service::OperationError::Access(_))) {
+        state.credentials.revoke(node_id.into());
+    }
+    revoked?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -322,19 +231,12 @@ pub(super) async fn put_secret(
     let domain_id = parse_uuid(&domain_id, "domain_id")?;
     let name = secrets::SecretName::parse(name)?;
     let value = bodies::secret_value(&read_body(body, OPERATOR_BODY_LIMIT)?)?;
-    // Domains belong to the access context; the secrets context trusts its caller to have
-    // checked, so a secret never lands under a Domain that does not exist.
-    let domain = state.bounded("looking up a domain", state.access.find_domain(domain_id.into())).await??;
-    if domain.is_none() {
-        return Err(unknown_domain(domain_id));
-    }
-    let subject = audit::Subject {
-        domain_id: Some(domain_id),
-        secret_name: Some(name.as_str().to_owned()),
-        ..audit::Subject::default()
-    };
-    state.bounded("writing a secret", state.secrets.write(domain_id.into(), name, value)).await??;
-    record(&state, actor, audit::Action::PutSecret, subject).await?;
+    state
+        .bounded(
+            "writing a secret",
+            state.operations.put_secret(actor, &state.secrets, domain_id, name, value),
+        )
+        .await??;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -352,8 +254,9 @@ pub(super) async fn show_budgets(
     PathParams(key): PathParams<String>,
 ) -> Result<Json<Vec<BucketBody>>, ApiError> {
     let key = parse_uuid(&key, "key")?;
-    let buckets = state.bounded("reading budgets", state.budgets.buckets(key.into())).await??;
-    let body = buckets
+    let shown = state.bounded("reading budgets", state.operations.show_budgets(key)).await??;
+    let body = shown
+        .buckets
         .into_iter()
         .map(|bucket| BucketBody {
             scope: bucket.name.as_str(),
@@ -370,7 +273,8 @@ pub(super) struct ResetBody {
 }
 
 /// `DELETE /v1/budgets/{scope}/{key}`: forgets one bucket, so the next take on any replica
-/// mints it full.
+/// mints it full ([`service::Operations::reset_budget`]); an id of the other kind than the
+/// scope's is a 400 and resets nothing.
 pub(super) async fn reset_budget(
     Operator(actor): Operator,
     State(state): State<AppState>,
@@ -378,18 +282,9 @@ pub(super) async fn reset_budget(
 ) -> Result<Json<ResetBody>, ApiError> {
     let scope: ratebudget::Scope = scope.parse().map_err(ApiError::bad_request)?;
     let key = parse_uuid(&key, "key")?;
-    let existed = state.bounded("resetting a budget", state.budgets.reset(scope, key.into())).await??;
-    // This replica forgets at once; the others when the reset's notification reaches them.
-    state.guard.forget(scope, key.into());
-    let subject = match scope {
-        ratebudget::Scope::SecretReadNode | ratebudget::Scope::IngestNode => {
-            audit::Subject { node_id: Some(key), ..audit::Subject::default() }
-        }
-        _ => audit::Subject { domain_id: Some(key), ..audit::Subject::default() },
-    };
-    record(&state, actor, audit::Action::ResetBudget, subject).await?;
-    tracing::info!(%scope, %key, existed, "operator reset a rate budget");
-    Ok(Json(ResetBody { existed }))
+    let reset =
+        state.bounded("resetting a budget", state.operations.reset_budget(actor, scope, key)).await??;
+    Ok(Json(ResetBody { existed: reset.existed }))
 }
 
 #[derive(Serialize)]

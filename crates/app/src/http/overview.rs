@@ -13,8 +13,10 @@ use serde::Serialize;
 
 use super::auth::Operator;
 use super::error::unknown_domain;
-use super::{parse_uuid, ApiError, AppState, PathParams};
-use crate::fill::FillHistory;
+use super::error::ApiError;
+use super::extract::{parse_uuid, PathParams};
+use super::state::AppState;
+use crate::observation::fill::FillHistory;
 
 #[derive(Serialize)]
 pub(super) struct StatusBody {
@@ -76,7 +78,7 @@ pub(super) async fn status(_: Operator, State(state): State<AppState>) -> Json<S
     let holder = match state.bounded("looking up the leader", state.leader.holder()).await {
         Ok(Ok(holder)) => Some(holder),
         Ok(Err(error)) => {
-            tracing::warn!(error = %super::cause_chain(&error), "cannot look up the leader's session");
+            tracing::warn!(error = %ratebudget::cause_chain(&error), "cannot look up the leader's session");
             None
         }
         Err(_) => None,
@@ -193,7 +195,7 @@ pub(super) async fn fill(
             }
         };
     let (rules_revision, explained) = state.rule_budgets.explain(domain.id.as_uuid(), domain.tier)?;
-    let stored = state.bounded("reading budgets", state.budgets.buckets(key.into())).await??;
+    let stored = state.bounded("reading budgets", state.store.buckets(key.into())).await??;
     let now = state.decision_clock.now();
     let buckets = explained
         .into_iter()

@@ -3,7 +3,7 @@
 //! written, is `ratebudget_tower::Reading`'s, shared with the tower layer.
 //!
 //! The decision is made deep inside a context, which knows nothing of HTTP; the limiters'
-//! observer ([`crate::limits`]) notes what each decision said about its buckets while
+//! observer ([`crate::observation::observer`]) notes what each decision said about its buckets while
 //! `with_fields`, which the router's one middleware runs around each request, collects them
 //! and turns the binding reading into the two fields.
 
@@ -11,7 +11,7 @@ use std::future::Future;
 
 use axum::response::Response;
 
-use crate::limits::collect_readings;
+use crate::observation::observer::collect_readings;
 
 /// Runs `answer`, collecting its decisions' readings, and writes the fields of the last one
 /// (the decision that settled the request) on its response.

@@ -16,8 +16,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::auth::Operator;
+use super::error::ApiError;
 use super::error::{set_etag, unknown_rule};
-use super::{read_body, ApiError, AppState, PathParams, OPERATOR_BODY_LIMIT};
+use super::extract::PathParams;
+use super::fields::Fields;
+use super::state::AppState;
 
 /// A rule as the API shows it.
 #[derive(Serialize)]
@@ -109,85 +112,11 @@ fn rule_response(status: StatusCode, rule: &rules::Rule) -> Response {
     response
 }
 
-/// The answer to a write, once this replica has reloaded its rules so that the write governs
-/// its next decision: 201 for a rule that did not exist before, 200 otherwise.
-async fn written(state: &AppState, put: &rules::Put) -> Response {
-    state.reload_rules().await;
+/// The answer to a write (which reloaded this replica's rules, so that it governs its next
+/// decision): 201 for a rule that did not exist before, 200 otherwise.
+fn written(put: &rules::Put) -> Response {
     let status = if matches!(put, rules::Put::Created(_)) { StatusCode::CREATED } else { StatusCode::OK };
     rule_response(status, put.rule())
-}
-
-/// A JSON object's members, taken one by one by name, so that a member of the wrong type, a
-/// missing one and an unknown one are each a 400 naming it.
-pub(super) struct Fields(Map<String, Value>);
-
-impl Fields {
-    /// The body as a JSON object.
-    pub(super) fn parse(body: Result<Bytes, BytesRejection>) -> Result<Fields, ApiError> {
-        let body = read_body(body, OPERATOR_BODY_LIMIT)?;
-        match serde_json::from_slice(&body) {
-            Ok(Value::Object(members)) => Ok(Fields(members)),
-            Ok(_) => Err(ApiError::bad_request("the body must be a JSON object")),
-            Err(error) => Err(ApiError::bad_request(format!("malformed JSON body: {error}"))),
-        }
-    }
-
-    fn take<T>(
-        &mut self,
-        name: &'static str,
-        what: &str,
-        read: impl FnOnce(&Value) -> Option<T>,
-    ) -> Result<Option<T>, ApiError> {
-        match self.0.remove(name) {
-            None | Some(Value::Null) => Ok(None),
-            Some(value) => read(&value)
-                .map(Some)
-                .ok_or_else(|| ApiError::bad_request(format!("invalid {name}: must be {what}"))),
-        }
-    }
-
-    pub(super) fn string(&mut self, name: &'static str) -> Result<Option<String>, ApiError> {
-        self.take(name, "a string", |value| value.as_str().map(str::to_owned))
-    }
-
-    pub(super) fn number(&mut self, name: &'static str) -> Result<Option<f64>, ApiError> {
-        self.take(name, "a number", Value::as_f64)
-    }
-
-    pub(super) fn integer(&mut self, name: &'static str) -> Result<Option<i64>, ApiError> {
-        self.take(name, "a whole number", Value::as_i64)
-    }
-
-    /// The selector's members, each a key and a string value.
-    fn selector_pairs(&mut self, shape: &str) -> Result<Option<Vec<(String, String)>>, ApiError> {
-        let Some(members) = self.take("selector", shape, |value| value.as_object().cloned())? else {
-            return Ok(None);
-        };
-        let mut pairs = Vec::with_capacity(members.len());
-        for (key, value) in members {
-            let Value::String(text) = value else {
-                return Err(ApiError::bad_request(format!("invalid selector: must be {shape}")));
-            };
-            pairs.push((key, text));
-        }
-        Ok(Some(pairs))
-    }
-
-    fn selector(&mut self) -> Result<Option<rules::Selector>, ApiError> {
-        let shape = "an object such as {}, {\"tier\": \"premium\"} or {\"domain\": \"<uuid>\"}";
-        let Some(pairs) = self.selector_pairs(shape)? else { return Ok(None) };
-        Ok(Some(rules::Selector::from_pairs(
-            pairs.iter().map(|(key, value)| (key.as_str(), value.as_str())),
-        )?))
-    }
-
-    /// Fails on any member not taken: a misspelt field must not be silently ignored.
-    pub(super) fn finish(self) -> Result<(), ApiError> {
-        match self.0.keys().next() {
-            None => Ok(()),
-            Some(unknown) => Err(ApiError::bad_request(format!("unknown field {unknown:?}"))),
-        }
-    }
 }
 
 fn required<T>(value: Option<T>, name: &'static str) -> Result<T, ApiError> {
@@ -254,24 +183,6 @@ fn rule_id(raw: String) -> Result<rules::RuleId, ApiError> {
     Ok(rules::RuleId::parse(raw)?)
 }
 
-/// Records a rule change in the audit log, as every operator action that changes something:
-/// who, what, which rule and the version the change made. The rule's own history
-/// (`rule_versions`) has it too, written with the change itself.
-async fn audit_rule_change(
-    state: &AppState,
-    Operator(actor): Operator,
-    action: audit::Action,
-    id: &rules::RuleId,
-    version: rules::Version,
-) -> Result<(), ApiError> {
-    let subject = audit::Subject {
-        rule_id: Some(id.to_string()),
-        rule_version: Some(version.get()),
-        ..audit::Subject::default()
-    };
-    super::operator::record(state, actor, action, subject).await
-}
-
 /// `PUT /v1/rules/{rule_id}`: creates the rule (201), or with `If-Match: "<version>"`
 /// replaces that version of it (200).
 pub(super) async fn put_rule(
@@ -284,11 +195,10 @@ pub(super) async fn put_rule(
     let id = rule_id(id)?;
     let spec = parse_rule(body)?;
     let if_match = if_match(&headers)?;
-    let actor = operator.actor()?;
-    let put = state.bounded("writing a rule", state.rules.put(&id, &spec, if_match, &actor)).await??;
-    tracing::info!(rule = %id, version = %put.rule().version, actor = actor.as_str(), "operator wrote a rule");
-    audit_rule_change(&state, operator, audit::Action::PutRule, &id, put.rule().version).await?;
-    Ok(written(&state, &put).await)
+    let put = state
+        .bounded("writing a rule", state.operations.put_rule(operator.0, &id, &spec, if_match))
+        .await??;
+    Ok(written(&put))
 }
 
 /// `GET /v1/rules/{rule_id}`
@@ -385,11 +295,10 @@ pub(super) async fn rollback_rule(
     let to = rules::Version::new(required(fields.integer("version")?, "version")?)?;
     fields.finish()?;
     let if_match = if_match(&headers)?;
-    let actor = operator.actor()?;
-    let put = state.bounded("rolling back a rule", state.rules.rollback(&id, to, if_match, &actor)).await??;
-    tracing::info!(rule = %id, to = %to, version = %put.rule().version, actor = actor.as_str(), "operator rolled back a rule");
-    audit_rule_change(&state, operator, audit::Action::RollBackRule, &id, put.rule().version).await?;
-    Ok(written(&state, &put).await)
+    let put = state
+        .bounded("rolling back a rule", state.operations.rollback_rule(operator.0, &id, to, if_match))
+        .await??;
+    Ok(written(&put))
 }
 
 /// `DELETE /v1/rules/{rule_id}` with `If-Match`: 204.
@@ -405,11 +314,7 @@ pub(super) async fn delete_rule(
         let rule = state.bounded("reading a rule", state.rules.get(&id)).await??.ok_or_else(unknown_rule)?;
         return Err(rules::WriteError::PreconditionRequired { current: rule.version }.into());
     };
-    let actor = operator.actor()?;
-    let version = state.bounded("deleting a rule", state.rules.delete(&id, if_match, &actor)).await??;
-    tracing::info!(rule = %id, %version, actor = actor.as_str(), "operator deleted a rule");
-    audit_rule_change(&state, operator, audit::Action::DeleteRule, &id, version).await?;
-    state.reload_rules().await;
+    state.bounded("deleting a rule", state.operations.delete_rule(operator.0, &id, if_match)).await??;
     Ok(StatusCode::NO_CONTENT)
 }
 

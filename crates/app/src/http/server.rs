@@ -29,7 +29,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tower_http::add_extension::AddExtension;
 
-use crate::config::HttpLimits;
+use crate::config::HttpConfig;
 
 /// How long the accept loop holds off after an accept error such as running out of file
 /// descriptors, so it does not spin while the condition lasts.
@@ -40,7 +40,7 @@ const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
 pub async fn serve(
     listener: TcpListener,
     router: Router,
-    limits: HttpLimits,
+    limits: HttpConfig,
     grace: Duration,
     shutdown: CancellationToken,
 ) {

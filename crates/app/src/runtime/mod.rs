@@ -1,0 +1,9 @@
+//! What runs beside the transports for the life of a replica: the leader election, the
+//! leader's sweep, the one LISTENing connection and its followers (rules and tiers, revocations,
+//! secret changes, resets), and readiness.
+
+pub mod followers;
+pub mod leader;
+pub mod listener;
+pub mod readiness;
+pub mod sweep;

@@ -1,0 +1,466 @@
+//! plexsphere as a rate-limit service: decisions for any service's requests, by that service's
+//! rules, for every transport alike (the binary serves it as `POST /v1/decide` and as Envoy's
+//! `ShouldRateLimit`; each only maps its request in and this answer out).
+//!
+//! A request names a service (Envoy's `domain`) and descriptors, each an ordered list of
+//! entries from general to specific; the entry keyed `api` names the API, the others are
+//! attributes. Each descriptor is governed by the rule [`rules::Snapshot::matching`] ranks
+//! first, or by none (unlimited, no statement). Its bucket is its runtime key: 64 bits of
+//! SHA-256 over the service, the API if the rule names one, and each attribute the rule names
+//! with the request's value for it ([`rules::Snapshot::keyed_by`]), under the budget
+//! [`service_buckets`]: an entry the rule does not name never splits its bucket. The
+//! descriptors of one request that some rule governs are decided together, all or nothing, in
+//! one round trip (a single take, or a pair), through the same guard (pre-check, circuit, fail
+//! modes) and coalescing as this project's own takes; a SHADOW rule's refusal admits and is
+//! counted. A CLOSED rule whose store cannot answer makes the whole request undecided.
+//!
+//! Envoy admits a request whose rate-limit call fails, so on this path an error is an
+//! admission: nothing a request's values hold (a long value, a control character, a huge
+//! cost, many descriptors) makes a decidable request an error. A value is hashed like any
+//! other; a cost no bucket can hold is over the limit, as [`ratebudget::Decision`]'s
+//! `InsufficientCapacity` is; more governed descriptors than one statement takes is over the
+//! limit. Only a request malformed as a message (no domain, a descriptor without entries) is
+//! [`DecideError::Invalid`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use ratebudget::{Clock, Decision, Fill, Key, Limit, Spend, Spender, Take, Undecided, Which};
+use sha2::{Digest, Sha256};
+
+use crate::budgets::{service_buckets, NotLoaded, RuleBudgets};
+
+/// The most descriptors of one request some rule may govern: they are decided together in one
+/// statement, which takes one bucket or two. A request with more is over the limit, nothing
+/// spent, rather than a decision that is not all or nothing.
+pub const MAX_LIMITED: usize = 2;
+
+/// One entry of a descriptor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// The entry's key: `api`, or an attribute.
+    pub key: String,
+    /// Its value.
+    pub value: String,
+}
+
+/// One descriptor: its entries, general to specific, and its own cost, if it names one.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Descriptor {
+    /// The entries.
+    pub entries: Vec<Entry>,
+    /// This descriptor's cost, over the request's.
+    pub hits_addend: Option<u64>,
+}
+
+/// A request for decisions.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Request {
+    /// The service (Envoy's `domain`).
+    pub service: String,
+    /// Its descriptors.
+    pub descriptors: Vec<Descriptor>,
+    /// What each descriptor costs unless it says otherwise; 0 means 1.
+    pub hits_addend: u64,
+}
+
+/// A descriptor's or the request's verdict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Code {
+    /// Within its limit (or unlimited).
+    Ok,
+    /// Over its limit: the request is refused.
+    OverLimit,
+}
+
+impl Code {
+    /// Envoy's name for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::Ok => "OK",
+            Code::OverLimit => "OVER_LIMIT",
+        }
+    }
+}
+
+/// The unit a limit is said in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    /// Per second.
+    Second,
+    /// Per minute.
+    Minute,
+    /// Per hour.
+    Hour,
+    /// Per day.
+    Day,
+}
+
+impl Unit {
+    /// Envoy's name for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unit::Second => "SECOND",
+            Unit::Minute => "MINUTE",
+            Unit::Hour => "HOUR",
+            Unit::Day => "DAY",
+        }
+    }
+
+    fn seconds(self) -> f64 {
+        match self {
+            Unit::Second => 1.0,
+            Unit::Minute => 60.0,
+            Unit::Hour => 3600.0,
+            Unit::Day => 86_400.0,
+        }
+    }
+}
+
+/// A rule's rate as Envoy says a limit: whole requests per unit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CurrentLimit {
+    /// The governing rule's id (Envoy's `name`).
+    pub rule_id: String,
+    /// Requests per unit.
+    pub requests_per_unit: u32,
+    /// The unit.
+    pub unit: Unit,
+}
+
+impl CurrentLimit {
+    /// `limit`'s rate in the smallest of second, minute, hour and day in which it is a whole
+    /// number of requests (1 per 60,000 ms is 1 a MINUTE, 50 a second 50 a SECOND), else per
+    /// second rounded down.
+    pub fn of(rule_id: &str, limit: Limit) -> CurrentLimit {
+        let per_second = limit.per_second();
+        let whole = [Unit::Second, Unit::Minute, Unit::Hour, Unit::Day].into_iter().find_map(|unit| {
+            let count = per_second * unit.seconds();
+            let nearest = count.round();
+            // Rates come from a rule's `rate / (per_ms / 1000)`: allow the division's last bit.
+            ((count - nearest).abs() <= 1e-9 * nearest.max(1.0) && nearest >= 1.0).then_some((nearest, unit))
+        });
+        let (count, unit) = whole.unwrap_or((per_second.floor(), Unit::Second));
+        CurrentLimit {
+            rule_id: rule_id.to_owned(),
+            requests_per_unit: if count >= f64::from(u32::MAX) { u32::MAX } else { count as u32 },
+            unit,
+        }
+    }
+}
+
+/// One descriptor's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Status {
+    /// Its verdict.
+    pub code: Code,
+    /// The governing rule's limit; `None`: no rule governs it (unlimited).
+    pub current_limit: Option<CurrentLimit>,
+    /// Whole tokens its bucket holds after the decision; `None` when the decision did not say
+    /// (the other descriptor of a pair that was refused, a shadow refusal admitted, a decision
+    /// without the store).
+    pub limit_remaining: Option<u32>,
+    /// Until its bucket is full again, if nothing spends; `None` when unknown, as above.
+    pub until_reset: Option<Duration>,
+}
+
+impl Status {
+    const UNLIMITED: Status =
+        Status { code: Code::Ok, current_limit: None, limit_remaining: None, until_reset: None };
+}
+
+/// The answer to a [`Request`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    /// `OverLimit` when any descriptor is.
+    pub overall: Code,
+    /// One per descriptor, in the request's order.
+    pub statuses: Vec<Status>,
+    /// The response fields the HTTP API would send: `RateLimit-Policy` and `RateLimit` of the
+    /// binding bucket, and `Retry-After` when over the limit.
+    pub headers: Vec<(&'static str, String)>,
+}
+
+/// Why a request was not decided.
+#[derive(Debug, thiserror::Error)]
+pub enum DecideError {
+    /// The request is malformed: nothing was spent.
+    #[error("invalid {field}: {reason}")]
+    Invalid {
+        /// The field, as the HTTP API names it.
+        field: &'static str,
+        /// What it must be.
+        reason: String,
+    },
+    /// The caller's decide token does not name the service.
+    #[error("this decide token does not decide for service {service}")]
+    Forbidden {
+        /// The service asked for.
+        service: String,
+    },
+    /// This replica has not loaded the rules yet.
+    #[error(transparent)]
+    NotLoaded(#[from] NotLoaded),
+    /// The store could not decide a take that fails closed (or this replica's clock cannot
+    /// be trusted).
+    #[error("the rate-budget store could not decide")]
+    Undecided(#[source] Undecided),
+}
+
+fn invalid(field: &'static str, reason: impl Into<String>) -> DecideError {
+    DecideError::Invalid { field, reason: reason.into() }
+}
+
+/// What a request came to, as a [`DecideObserver`] hears it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Decided, within every limit.
+    Ok,
+    /// Decided, over a limit.
+    OverLimit,
+    /// The caller may not ask for the service.
+    Forbidden,
+    /// Not decided: the rules are not loaded, or the store could not decide.
+    Error,
+}
+
+impl Outcome {
+    /// Its text, as the metrics label it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::OverLimit => "over_limit",
+            Outcome::Forbidden => "forbidden",
+            Outcome::Error => "error",
+        }
+    }
+}
+
+/// Hears every request [`DecideService`] decides (a malformed one excepted), as
+/// [`ratebudget::Observer`] hears every take: the binary's metrics implement it.
+#[cfg_attr(test, mockall::automock)]
+pub trait DecideObserver: Send + Sync {
+    /// `service` (the request's, when it has rules; `other` otherwise, so the labels stay a
+    /// bounded set) came to `outcome`.
+    fn decided(&self, service: &str, outcome: Outcome);
+}
+
+/// Decides [`Request`]s: the rules (through the replica's [`RuleBudgets`]), the spender over the
+/// guard, and an observer.
+#[derive(Clone)]
+pub struct DecideService {
+    budgets: Arc<RuleBudgets>,
+    spender: Spender,
+    clock: Arc<dyn Clock>,
+    observer: Arc<dyn DecideObserver>,
+}
+
+impl DecideService {
+    /// Decides by `budgets`' rules through `spender`, at `clock`'s now, telling `observer`.
+    pub fn new(
+        budgets: Arc<RuleBudgets>,
+        spender: Spender,
+        clock: Arc<dyn Clock>,
+        observer: Arc<dyn DecideObserver>,
+    ) -> DecideService {
+        DecideService { budgets, spender, clock, observer }
+    }
+
+    /// Decides `request` for a caller that may ask for `services`.
+    ///
+    /// # Errors
+    /// [`DecideError::Invalid`] for a request malformed as a message (nothing spent),
+    /// [`DecideError::Forbidden`] for a service the caller may not ask for,
+    /// [`DecideError::NotLoaded`] before the rules are loaded, [`DecideError::Undecided`] when
+    /// the store could not decide.
+    pub async fn decide(&self, services: &rules::Services, request: &Request) -> Result<Answer, DecideError> {
+        let outcome = self.decide_counted(services, request).await;
+        if !matches!(outcome, Err(DecideError::Invalid { .. })) {
+            let known = self.budgets.has_service_rules(&request.service);
+            let label = if known { request.service.as_str() } else { "other" };
+            let outcome = match &outcome {
+                Ok(answer) if answer.overall == Code::Ok => Outcome::Ok,
+                Ok(_) => Outcome::OverLimit,
+                Err(DecideError::Forbidden { .. }) => Outcome::Forbidden,
+                Err(_) => Outcome::Error,
+            };
+            self.observer.decided(label, outcome);
+        }
+        outcome
+    }
+
+    async fn decide_counted(
+        &self,
+        services: &rules::Services,
+        request: &Request,
+    ) -> Result<Answer, DecideError> {
+        if request.service.is_empty() {
+            return Err(invalid("domain", "is required: the service whose rules decide"));
+        }
+        if request.descriptors.iter().any(|descriptor| descriptor.entries.is_empty()) {
+            return Err(invalid("descriptors", "each descriptor has at least one entry"));
+        }
+        if !services.permits(&request.service) {
+            return Err(DecideError::Forbidden { service: request.service.clone() });
+        }
+        let compiled = self.budgets.compiled_rules()?;
+        let service = request.service.as_str();
+        let mut statuses = vec![Status::UNLIMITED; request.descriptors.len()];
+        // Each limited descriptor: its position in the request, its spend, and its rule's id.
+        let mut limited: Vec<(usize, Spend, &str)> = Vec::new();
+        for (position, descriptor) in request.descriptors.iter().enumerate() {
+            let api =
+                descriptor.entries.iter().find(|entry| entry.key == "api").map(|entry| entry.value.as_str());
+            let attributes: Vec<(&str, &str)> = descriptor
+                .entries
+                .iter()
+                .filter(|entry| entry.key != "api")
+                .map(|entry| (entry.key.as_str(), entry.value.as_str()))
+                .collect();
+            let Some(governing) = compiled.snapshot.matching(service, api, &attributes).into_iter().next()
+            else {
+                continue;
+            };
+            let Some(keyed_by) = compiled.snapshot.keyed_by(governing.index, &attributes) else {
+                continue;
+            };
+            let api = if governing.names_the_api { api } else { None };
+            // Every cost up to 2^53 is exact as a float, and above it a cost is above every
+            // burst (`Limit::MAX_BURST` is 1e15): the take answers `InsufficientCapacity`.
+            let hits = descriptor.hits_addend.unwrap_or(request.hits_addend).max(1);
+            let policy = compiled.policies[governing.index];
+            let spend = Spend {
+                name: service_buckets(),
+                key: runtime_key(service, api, &keyed_by),
+                cost: hits as f64,
+                limit: policy.limit,
+                enforcement: policy.enforcement,
+            };
+            limited.push((position, spend, governing.rule.id.as_str()));
+        }
+        let take = match limited.as_slice() {
+            [] => return Ok(Answer { overall: Code::Ok, statuses, headers: Vec::new() }),
+            [(_, only, _)] => Take::Single(*only),
+            [(_, first, _), (_, second, _)] => Take::Pair(*first, *second),
+            more => return Ok(too_many_limited(statuses, more)),
+        };
+        let now = self.clock.now();
+        let decision = self.spender.decide_at(take, now).await.map_err(DecideError::Undecided)?;
+        let which = [Which::First, Which::Second];
+        let mut headers = Vec::new();
+        let mut binding: Option<(u32, usize)> = None;
+        for (slot, (position, spend, rule_id)) in limited.iter().enumerate() {
+            let status = &mut statuses[*position];
+            status.current_limit = Some(CurrentLimit::of(rule_id, spend.limit));
+            let at = which[slot];
+            match &decision {
+                Decision::Granted(grant) => {
+                    if let Some(fill) = grant.remaining(at) {
+                        let (remaining, until_reset) = reading(spend.limit, fill, now);
+                        status.limit_remaining = Some(remaining);
+                        status.until_reset = Some(until_reset);
+                        if binding.is_none_or(|(least, _)| remaining < least) {
+                            binding = Some((remaining, slot));
+                        }
+                    }
+                }
+                Decision::Refused(refusal) if refusal.which == at => {
+                    status.code = Code::OverLimit;
+                    let fill = refusal.judged.unwrap_or(Fill { tokens: 0.0, refilled_at: now });
+                    let (remaining, until_reset) = reading(spend.limit, fill, now);
+                    status.limit_remaining = Some(remaining);
+                    status.until_reset = Some(until_reset);
+                    push_fields(&mut headers, rule_id, spend.limit, Some(fill), now);
+                    let seconds = ratebudget_tower::retry_after_seconds(refusal.retry_after);
+                    headers.push(("retry-after", seconds.to_string()));
+                }
+                Decision::InsufficientCapacity(never) if never.which == at => status.code = Code::OverLimit,
+                Decision::Refused(_) | Decision::InsufficientCapacity(_) => {}
+            }
+        }
+        if let (Decision::Granted(grant), Some((_, slot))) = (&decision, binding) {
+            let (_, spend, rule_id) = &limited[slot];
+            push_fields(&mut headers, rule_id, spend.limit, grant.remaining(which[slot]), now);
+        }
+        let overall = if statuses.iter().any(|status| status.code == Code::OverLimit) {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        };
+        Ok(Answer { overall, statuses, headers })
+    }
+}
+
+/// The answer to a request with more governed descriptors than one statement decides: each
+/// enforced one over the limit and nothing spent (a SHADOW rule's admits), so that no caller
+/// gets past a limit by adding descriptors.
+fn too_many_limited(mut statuses: Vec<Status>, limited: &[(usize, Spend, &str)]) -> Answer {
+    for (position, spend, rule_id) in limited {
+        let status = &mut statuses[*position];
+        status.current_limit = Some(CurrentLimit::of(rule_id, spend.limit));
+        if spend.enforcement.mode == ratebudget::Mode::Enforce {
+            status.code = Code::OverLimit;
+        }
+    }
+    let overall =
+        if statuses.iter().any(|status| status.code == Code::OverLimit) { Code::OverLimit } else { Code::Ok };
+    Answer { overall, statuses, headers: Vec::new() }
+}
+
+/// Whole tokens `fill` holds at `now` under `limit`, and how long until it is full again.
+fn reading(limit: Limit, fill: Fill, now: DateTime<Utc>) -> (u32, Duration) {
+    let level = limit.level(fill, now).max(0.0).floor();
+    let remaining = if level >= f64::from(u32::MAX) { u32::MAX } else { level as u32 };
+    (remaining, limit.time_to_cover(fill, limit.burst(), now))
+}
+
+fn push_fields(
+    headers: &mut Vec<(&'static str, String)>,
+    rule_id: &str,
+    limit: Limit,
+    fill: Option<Fill>,
+    now: DateTime<Utc>,
+) {
+    if let Some((policy, state)) = ratebudget_tower::bucket_fields(rule_id, limit, fill, now) {
+        for (name, value) in [("ratelimit-policy", policy), ("ratelimit", state)] {
+            if let Ok(value) = value.to_str() {
+                headers.push((name, value.to_owned()));
+            }
+        }
+    }
+}
+
+/// A governed descriptor's bucket: the first 64 bits of SHA-256 over the service, the API if
+/// the governing rule names one, and each attribute the rule names with the request's value
+/// for it ([`rules::Snapshot::keyed_by`]), each field length-prefixed so no two buckets write
+/// the same bytes. What the rule does not name is not hashed, so it never splits the bucket.
+pub fn runtime_key(service: &str, api: Option<&str>, keyed_by: &[(&str, &str)]) -> Key {
+    let mut hash = Sha256::new();
+    let mut field = |text: &str| {
+        hash.update((text.len() as u64).to_be_bytes());
+        hash.update(text.as_bytes());
+    };
+    // Keys of the previous build hashed every entry; this tag keeps the two apart, so those
+    // buckets are only ever abandoned to the sweep.
+    field("rule-keyed");
+    field(service);
+    match api {
+        Some(api) => {
+            field("api");
+            field(api);
+        }
+        None => field("*"),
+    }
+    for (attribute, value) in keyed_by {
+        field(attribute);
+        field(value);
+    }
+    let digest = hash.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    Key::from(uuid::Uuid::from_u64_pair(0, u64::from_be_bytes(first)))
+}
+
+#[cfg(test)]
+mod tests;
