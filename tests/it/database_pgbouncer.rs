@@ -152,3 +152,91 @@ async fn a_statement_through_the_pooler_answers_only_once_it_is_committed(
         assert_eq!(read, Some(n));
     }
 }
+
+/// Makes every COMMIT of a transaction that deleted a row of `table` fail, after the DELETE
+/// itself succeeded: a deferred constraint trigger, checked only at COMMIT.
+async fn make_commits_that_delete_from_fail(direct: &sqlx::PgPool, table: &str) {
+    sqlx::raw_sql(&format!(
+        "CREATE FUNCTION refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN RAISE EXCEPTION 'this COMMIT fails'; END $$;
+         CREATE CONSTRAINT TRIGGER commit_fails AFTER DELETE ON {table}
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_at_commit();"
+    ))
+    .execute(direct)
+    .await
+    .unwrap();
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_reset_through_the_pooler_whose_commit_fails_answers_500_and_is_not_audited(
+    options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Issue 32, item 5. The reset ran on the pooled connection's transaction, which the pool
+    // committed only when sqlx returned the connection, after the handler had answered: with
+    // a COMMIT that failed, the operator got 200 {"existed": true} and a budget.reset audit
+    // row, and the bucket was untouched.
+    let bouncer = PgBouncer::start(connect.get_host(), connect.get_port(), 2);
+    let direct = options.connect_with(connect.clone()).await.unwrap();
+    let replica =
+        Replica::start(behind(&bouncer, &connect, &[]), Arc::new(ManualClock::new(instant()))).await;
+    let domain = replica.create_domain("resets", None).await;
+    replica.put_secret(&domain, "key", "value").await;
+    let (node, token) = replica.enrol(&domain, "n").await;
+    assert_eq!(replica.get("/v1/secrets/key", Some(&token)).await.status, StatusCode::OK);
+    let buckets = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM plexsphere.rate_budgets WHERE bucket_key = $1::uuid",
+        )
+        .bind(&node)
+        .fetch_one(&direct)
+        .await
+        .unwrap()
+    };
+    assert_eq!(buckets().await, 1, "the read made the Node's bucket");
+
+    make_commits_that_delete_from_fail(&direct, "plexsphere.rate_budgets").await;
+    let reset = replica.operator(Method::DELETE, &format!("/v1/budgets/secret_read_node/{node}"), None).await;
+    assert_eq!(reset.status, StatusCode::INTERNAL_SERVER_ERROR, "{reset:?}");
+    assert_eq!(buckets().await, 1, "the reset did not happen");
+    let audit = replica.operator(Method::GET, "/v1/audit", None).await;
+    assert_eq!(audit.status, StatusCode::OK, "{audit:?}");
+    let resets =
+        audit.body.as_array().unwrap().iter().filter(|entry| entry["action"] == "budget.reset").count();
+    assert_eq!(resets, 0, "a reset that did not happen is not audited: {audit:?}");
+    replica.stop().await;
+}
+
+#[sqlx::test(migrator = "app::MIGRATOR")]
+async fn a_named_limiters_reset_through_the_pooler_whose_commit_fails_is_an_error(
+    options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // Issue 32, item 5, for the named limiters' reset: it too answered before its COMMIT.
+    let bouncer = PgBouncer::start(connect.get_host(), connect.get_port(), 2);
+    let direct = options.connect_with(connect.clone()).await.unwrap();
+    let through_pooler = connect.clone().host("127.0.0.1").port(bouncer.port()).statement_cache_capacity(0);
+    let pooled = ratebudget::through_transaction_pooler(PgPoolOptions::new().max_connections(2), &[])
+        .connect_with(through_pooler)
+        .await
+        .unwrap();
+    let store = ratebudget::Store::new(pooled).through_transaction_pooler(&[]);
+    let limiter = ratebudget::LimiterName::new("login").unwrap();
+    let key = ratebudget::NamedKey::of(limiter, b"someone");
+    let limit = ratebudget::Limit::new(1.0, 5.0).unwrap();
+    let spend = ratebudget::NamedSpend {
+        limiter,
+        key,
+        cells: 1,
+        limit,
+        enforcement: ratebudget::Enforcement::STRICT,
+    };
+    let taken = ratebudget::Decider::decide(&store, ratebudget::Take::Named(spend), instant()).await.unwrap();
+    assert!(taken.is_granted());
+    make_commits_that_delete_from_fail(&direct, "plexsphere.named_limits").await;
+    let reset = store.reset_named(limiter, key).await;
+    assert!(matches!(reset, Err(ratebudget::Error::Database(_))), "{reset:?}");
+    let keys: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM plexsphere.named_limits").fetch_one(&direct).await.unwrap();
+    assert_eq!(keys, 1, "the reset did not happen");
+}
