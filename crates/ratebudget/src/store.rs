@@ -84,10 +84,11 @@ impl Store {
     /// connection on another server connection: each take runs in a transaction of its own,
     /// opened with the decision settings (sequential scans priced out, as [`Store::new`]
     /// says) and `settings` as `SET LOCAL`s (the pooler drops startup parameters, and a
-    /// session setting would not follow the client), and the statements it prepared are
-    /// forgotten before it commits. The pool must have sqlx's statement cache off
-    /// (`statement_cache_capacity(0)`). Two more round trips a take: behind a pooler, a
-    /// coalesced call pays them once for all its takes.
+    /// session setting would not follow the client), first refusing a server that cannot
+    /// take a write and forgetting the statements sqlx left on the server connection it was
+    /// given ([`transaction_begin`](crate::transaction_begin)). The pool must have sqlx's
+    /// statement cache off (`statement_cache_capacity(0)`). Two more round trips a take:
+    /// behind a pooler, a coalesced call pays them once for all its takes.
     pub fn through_transaction_pooler(mut self, settings: &[(&str, &str)]) -> Store {
         let settings: Vec<_> = DECISION_SETTINGS.iter().chain(settings).copied().collect();
         self.takes = Arc::new(TakeConnections::pooled(self.pool.clone(), transaction_begin(&settings)));
