@@ -191,6 +191,67 @@ async fn a_refund_of_a_lease_made_before_another_is_forfeited_and_of_the_latest_
     assert!(store.decide(take(8.0), later).await.unwrap().is_granted());
 }
 
+/// Leases `spend`'s bucket through `store` at `now`: between `at_least` and `at_most`
+/// tokens, after giving back `refund` of the lease numbered `refund_serial`.
+async fn lease_at(
+    store: &Store,
+    spend: Spend,
+    (at_least, at_most): (f64, f64),
+    (refund, refund_serial): (f64, i64),
+    now: DateTime<Utc>,
+) -> Leased {
+    let request = LeaseRequest { spend, at_least, at_most, refund, refund_serial };
+    store.lease(request, now).await.unwrap().unwrap()
+}
+
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
+async fn a_refund_of_a_lease_of_a_row_a_reset_deleted_is_not_credited_to_the_minted_rows_lease(pool: PgPool) {
+    // Issue 32, item 6. Numbered per row, a bucket's leases started again at 1 once a reset
+    // deleted its row: Y's lease of the old row and X's of the new one were both number 1, and
+    // Y (not having heard of the reset yet) gave back its lease under that number, credited to
+    // the new row, whose holder X did not count those tokens (burst 100: the row read 100
+    // while X still held 24 it could grant).
+    let store = Store::new(pool.clone());
+    let limit = Limit::new(1.0, 100.0).unwrap();
+    let spend = Spend::new(Name::new("reset_leases").unwrap(), key(), 1.0, limit);
+    let now = instant();
+    let y = lease_at(&store, spend, (25.0, 25.0), (0.0, 0), now).await;
+    assert_eq!(y.leased, 25.0);
+    assert!(store.reset(spend.name, spend.key).await.unwrap());
+    let x = lease_at(&store, spend, (24.0, 24.0), (0.0, 0), now).await;
+    assert_eq!(x.leased, 24.0);
+    let stale = lease_at(&store, spend, (0.0, 0.0), (25.0, y.serial), now).await;
+    assert_eq!(stale.refunded, 0.0, "a refund of the deleted row's lease is forfeited");
+    let take = |cost: f64| Take::Single(Spend { cost, ..spend });
+    assert!(store.decide(take(76.0), now).await.unwrap().is_granted());
+    assert!(!store.decide(take(1.0), now).await.unwrap().is_granted(), "the row holds what X left it, 76");
+    assert_ne!(x.serial, y.serial, "a lease of the minted row is never numbered as one of the row before it");
+}
+
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
+async fn a_lease_given_back_after_its_rule_was_lowered_refills_nothing_at_the_old_limit(pool: PgPool) {
+    // Issue 32, item 6. A lease of a bucket that cooled goes back under the limit it was
+    // leased under (the guard forgets a lease only when a budget may grow), and the refund
+    // refilled the row at that limit's rate: here 50 tokens where the current rule gives 0.5.
+    let store = Store::new(pool.clone());
+    let leased_under = Limit::new(100.0, 100.0).unwrap();
+    let current = Limit::new(1.0, 100.0).unwrap();
+    let spend = Spend::new(Name::new("lowered_rule").unwrap(), key(), 1.0, leased_under);
+    let start = instant();
+    let leased = lease_at(&store, spend, (100.0, 100.0), (0.0, 0), start).await;
+    assert_eq!(leased.leased, 100.0, "the whole bucket, leased");
+    // The holder granted 90 of it; the rule was lowered; half a second later the other 10 go back.
+    let later = start + Duration::milliseconds(500);
+    let returned =
+        lease_at(&store, Spend { cost: 0.0, ..spend }, (0.0, 0.0), (10.0, leased.serial), later).await;
+    assert_eq!(returned.refunded, 10.0);
+    // Under the current rule the bucket holds what was given back and half a second at 1 a
+    // second: 10.5.
+    let take = |cost: f64| Take::Single(Spend { cost, limit: current, ..spend });
+    assert!(store.decide(take(10.0), later).await.unwrap().is_granted());
+    assert!(!store.decide(take(1.0), later).await.unwrap().is_granted(), "0.5 left, not 40.5");
+}
+
 #[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_reset_or_a_changed_limit_ends_a_replicas_lease_at_once(pool: PgPool) {
     let observer = Arc::new(Leasing::default());

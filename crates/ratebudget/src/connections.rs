@@ -224,15 +224,22 @@ fn decision_session_opening() -> String {
     opening
 }
 
-/// `BEGIN`, a `SET LOCAL` for each of `settings`, and `DEALLOCATE ALL`, as one simple query:
-/// what opens a transaction behind a transaction pooler ([`crate::Store::through_transaction_pooler`],
-/// [`crate::through_transaction_pooler`]). Values are quoted as SQL literals.
+/// `BEGIN`, a `SET LOCAL` for each of `settings`, and `plexsphere.check_out_server_connection()`,
+/// as one simple query: what opens a transaction behind a transaction pooler
+/// ([`crate::Store::through_transaction_pooler`], [`crate::through_transaction_pooler`]).
+/// Values are quoted as SQL literals.
 ///
-/// sqlx names the statements it prepares and, with its cache off, never closes them, so each
-/// server connection keeps whatever its last clients prepared; another client's next statement
-/// of the same name would fail ("already exists"). Deallocating inside the transaction, on the
-/// server connection it is pinned to, clears them before this transaction prepares its own
-/// (deallocating after the COMMIT would reach whichever server connection the pooler picks).
+/// The function runs on the server connection the pooler pinned the transaction to, which may
+/// be another one each transaction, made whenever the pooler liked: it refuses a server that
+/// cannot take a write (as [`REFUSE_READ_ONLY_SERVER`] does when a connection is made, which
+/// behind a pooler saw only the first transaction's server; a pooler repointed at a standby
+/// afterwards was not caught), and it forgets the statements sqlx left there (sqlx names them
+/// and, with its cache off, never closes them, so another client's next statement of the same
+/// name would fail), and only those: a pooler that prepares statements itself
+/// (PgBouncer 1.21+ with `max_prepared_statements`) keeps its own on the server connection
+/// for every client, which `DEALLOCATE ALL`, as this once ran, dropped. Its file says more.
+/// Inside the transaction, not after the COMMIT, which would reach whichever server connection
+/// the pooler picks next.
 pub fn transaction_begin(settings: &[(&str, &str)]) -> String {
     let mut begin = String::from("BEGIN");
     for (name, value) in settings {
@@ -243,6 +250,6 @@ pub fn transaction_begin(settings: &[(&str, &str)]) -> String {
         }
         begin.push_str(&format!("; SET LOCAL {name} = '{}'", value.replace('\'', "''")));
     }
-    begin.push_str("; DEALLOCATE ALL");
+    begin.push_str("; SELECT plexsphere.check_out_server_connection()");
     begin
 }

@@ -95,6 +95,22 @@ async fn commit(connection: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> 
     PgTransactionManager::commit(connection).await
 }
 
+/// Commits the transaction a pool's hooks opened on `connection` when it was handed out
+/// ([`through_transaction_pooler`]), if there is one: for a caller that runs its statement on
+/// a connection of a pool it did not build, and so cannot know whether the pool commits each
+/// statement by itself (connected directly) or only when the connection comes back, which is
+/// after the caller answered (behind a transaction pooler). A failed COMMIT is the
+/// statement's failure. Connected directly, the connection is in no transaction and this
+/// sends nothing.
+pub(crate) async fn commit_what_the_pool_opened(
+    connection: &mut sqlx::PgConnection,
+) -> Result<(), sqlx::Error> {
+    if connection.is_in_transaction() {
+        commit(connection).await?;
+    }
+    Ok(())
+}
+
 impl<'c> Executor<'c> for &'c Statements {
     type Database = Postgres;
 

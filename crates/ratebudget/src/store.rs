@@ -9,6 +9,7 @@ use crate::batch::{self, Coalescer, Coalescing, Statement};
 use crate::connections::{transaction_begin, TakeConnections, DECISION_SETTINGS};
 use crate::error::Failure;
 use crate::named::Gcra;
+use crate::statements::commit_what_the_pool_opened;
 use crate::{
     named, Budget, Decider, Decision, Error, Fill, Grant, InsufficientCapacity, Key, LeaseRequest, Leased,
     Limit, LimiterName, Name, NamedKey, NamedSpend, Refusal, Scope, Spend, Take, Undecided, Which,
@@ -32,8 +33,9 @@ pub const RESET_CHANNEL: &str = "plexsphere_rate_budget_reset";
 ///
 /// Takes run on connections of the store's own, opened with the pool's connect options and at
 /// most as many as the pool's maximum, because sqlx's pool adds a round trip to every use
-/// (see `connections.rs`); the sweep and operator reads use the pool itself. Cloning is cheap
-/// and clones share both.
+/// (see `connections.rs`); the sweep, resets and operator reads use the pool itself, and each
+/// commits before it answers, whatever the pool's hooks do (see [`Store::reset`]). Cloning is
+/// cheap and clones share both.
 #[derive(Clone)]
 pub struct Store {
     pool: PgPool,
@@ -82,10 +84,11 @@ impl Store {
     /// connection on another server connection: each take runs in a transaction of its own,
     /// opened with the decision settings (sequential scans priced out, as [`Store::new`]
     /// says) and `settings` as `SET LOCAL`s (the pooler drops startup parameters, and a
-    /// session setting would not follow the client), and the statements it prepared are
-    /// forgotten before it commits. The pool must have sqlx's statement cache off
-    /// (`statement_cache_capacity(0)`). Two more round trips a take: behind a pooler, a
-    /// coalesced call pays them once for all its takes.
+    /// session setting would not follow the client), first refusing a server that cannot
+    /// take a write and forgetting the statements sqlx left on the server connection it was
+    /// given ([`transaction_begin`](crate::transaction_begin)). The pool must have sqlx's
+    /// statement cache off (`statement_cache_capacity(0)`). Two more round trips a take:
+    /// behind a pooler, a coalesced call pays them once for all its takes.
     pub fn through_transaction_pooler(mut self, settings: &[(&str, &str)]) -> Store {
         let settings: Vec<_> = DECISION_SETTINGS.iter().chain(settings).copied().collect();
         self.takes = Arc::new(TakeConnections::pooled(self.pool.clone(), transaction_begin(&settings)));
@@ -245,36 +248,49 @@ impl Store {
     /// commit), whose guards forget what they knew of the bucket: a reset is the one thing
     /// that adds tokens, and a pre-check must never refuse from a row that is gone.
     ///
+    /// It answers only once that transaction is committed, on a pool whose hooks open a
+    /// transaction on every connection they hand out (behind a transaction pooler,
+    /// [`through_transaction_pooler`](crate::through_transaction_pooler)) too: such a pool
+    /// commits when the connection comes back, which sqlx does in a task of its own after the
+    /// caller answered, so an operator was told of a reset (and it was audited) that a failed
+    /// COMMIT then undid.
+    ///
     /// # Errors
     /// [`Error::ZeroKey`] before any query; [`Error::Database`] when the database did not
-    /// answer (the bucket may or may not have been reset).
+    /// answer or the COMMIT failed (the bucket may or may not have been reset).
     pub async fn reset(&self, name: impl Into<Name>, key: Key) -> Result<bool, Error> {
         if key.0 == [0; 16] {
             return Err(Error::ZeroKey);
         }
         let name = name.into();
+        let mut connection = self.pool.acquire().await?;
         let existed: bool = sqlx::query_scalar(RESET)
             .bind(name.as_str())
             .bind(key.as_uuid())
             .bind(RESET_CHANNEL)
             .bind(&NamedKey::of(name, &key.0).0[..])
-            .fetch_one(&self.pool)
+            .fetch_one(&mut *connection)
             .await?;
+        commit_what_the_pool_opened(&mut connection).await?;
         Ok(existed)
     }
 
     /// Forgets one key of a named limiter, so its next request finds a full budget, and
     /// reports whether it had a row; every replica's guard hears of it, as for [`Store::reset`].
     ///
+    /// Like every statement of the store that changes something, it answers once committed.
+    ///
     /// # Errors
-    /// [`Error::Database`] when the database did not answer.
+    /// [`Error::Database`] when the database did not answer or the COMMIT failed.
     pub async fn reset_named(&self, limiter: LimiterName, key: NamedKey) -> Result<bool, Error> {
+        let mut connection = self.pool.acquire().await?;
         let existed: bool = sqlx::query_scalar(RESET_NAMED)
             .bind(limiter.as_str())
             .bind(&key.0[..])
             .bind(RESET_CHANNEL)
-            .fetch_one(&self.pool)
+            .fetch_one(&mut *connection)
             .await?;
+        commit_what_the_pool_opened(&mut connection).await?;
         Ok(existed)
     }
 
@@ -283,11 +299,16 @@ impl Store {
     /// sweep repeats it until a batch comes back short.
     ///
     /// # Errors
-    /// [`Error::Database`] when the database did not answer.
+    /// [`Error::Database`] when the database did not answer or the COMMIT failed.
     pub async fn delete_expired(&self, limit: u64, now: DateTime<Utc>) -> Result<u64, Error> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let done =
-            sqlx::query(DELETE_EXPIRED).bind(named::micros(now)).bind(limit).execute(&self.pool).await?;
+        let mut connection = self.pool.acquire().await?;
+        let done = sqlx::query(DELETE_EXPIRED)
+            .bind(named::micros(now))
+            .bind(limit)
+            .execute(&mut *connection)
+            .await?;
+        commit_what_the_pool_opened(&mut connection).await?;
         Ok(done.rows_affected())
     }
 
@@ -298,7 +319,10 @@ impl Store {
     /// # Errors
     /// [`Error::Database`] when the database did not answer.
     pub async fn buckets(&self, key: Key) -> Result<Vec<Bucket>, Error> {
-        let rows = sqlx::query(BUCKETS).bind(key.as_uuid()).fetch_all(&self.pool).await?;
+        let mut connection = self.pool.acquire().await?;
+        let rows = sqlx::query(BUCKETS).bind(key.as_uuid()).fetch_all(&mut *connection).await?;
+        // It writes nothing; ending the pool's transaction here only keeps every use alike.
+        commit_what_the_pool_opened(&mut connection).await?;
         let mut buckets = Vec::with_capacity(rows.len());
         for row in &rows {
             let name: String = row.try_get("scope")?;
@@ -548,20 +572,19 @@ impl IdleSweep<'_> {
         // Done unless this batch comes back full; a cancelled or failed batch ends the sweep.
         self.phase = Phase::Done;
         let limit = i64::try_from(Store::DELETE_IDLE_BATCH).unwrap_or(i64::MAX);
-        let result = match (phase, self.expired_at) {
-            (Phase::Done, _) => return None,
-            (Phase::Buckets, _) => {
-                sqlx::query(DELETE_IDLE).bind(self.before).bind(limit).execute(&self.store.pool).await
-            }
-            (Phase::NamedKeys, Some(now)) => {
-                sqlx::query(DELETE_EXPIRED)
-                    .bind(named::micros(now))
-                    .bind(limit)
-                    .execute(&self.store.pool)
-                    .await
-            }
-            (Phase::NamedKeys, None) => return None,
+        let statement = match (phase, self.expired_at) {
+            (Phase::Done, _) | (Phase::NamedKeys, None) => return None,
+            (Phase::Buckets, _) => sqlx::query(DELETE_IDLE).bind(self.before).bind(limit),
+            (Phase::NamedKeys, Some(now)) => sqlx::query(DELETE_EXPIRED).bind(named::micros(now)).bind(limit),
         };
+        // A batch counts as deleted once it is committed (see `Store::reset`).
+        let result = async {
+            let mut connection = self.store.pool.acquire().await?;
+            let done = statement.execute(&mut *connection).await?;
+            commit_what_the_pool_opened(&mut connection).await?;
+            Ok::<_, sqlx::Error>(done)
+        }
+        .await;
         Some(match result {
             Ok(done) => {
                 let batch = done.rows_affected();

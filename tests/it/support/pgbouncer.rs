@@ -72,7 +72,8 @@ impl PgBouncer {
         self.port
     }
 
-    fn log(&self) -> String {
+    /// What PgBouncer has logged so far (connections it made and closed, and why).
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("pgbouncer.log")).unwrap_or_default()
     }
 

@@ -77,9 +77,11 @@ fn pool(config: &Config, application_name: &str, settings: &[(&str, &str)]) -> P
 
 /// A pool of `size` connections to `DATABASE_URL` with `settings`. To the server itself, the
 /// settings are startup parameters. Through a transaction pooler (see [`through_pooler`])
-/// each use of a connection is one transaction: `BEGIN` and the settings as `SET LOCAL`s
-/// when it is handed out, `COMMIT` and `DEALLOCATE ALL` when it comes back, so every statement
-/// of a use runs on one server connection, and none the next use cannot see is left behind.
+/// each use of a connection is one transaction: `BEGIN`, the settings as `SET LOCAL`s and
+/// `plexsphere.check_out_server_connection()` (a server that cannot take a write refused, the
+/// statements sqlx left on the server connection forgotten) when it is handed out, `COMMIT`
+/// before its statement answers or when it comes back, so every statement of a use runs on one
+/// server connection, on a primary (`ratebudget::transaction_begin`).
 pub(super) fn pool_of(
     config: &Config,
     application_name: &str,

@@ -10,8 +10,8 @@
 --
 -- Result (leased, refunded, serial, tokens, refilled_at): what was taken (0 when the level
 -- could not cover `at_least`), what of the refund was credited, the number of the lease made
--- (the row's `lease_serial`, raised by every lease that takes something), and the row as
--- written, or as judged when nothing was written.
+-- (the row's `lease_serial`, a new number for every lease that takes something), and the row
+-- as written, or as judged when nothing was written.
 --
 -- The arithmetic is take.sql's (rate_budget_level: refilled by elapsed x rate, capped at the
 -- burst; a clock behind refills nothing; refilled_at never moves back; a missing row is minted
@@ -28,6 +28,22 @@
 -- refund is credited when `serial` is still the row's `lease_serial`, and otherwise forfeited
 -- (fewer grants, never more). The burst caps it too. A refund is a credit: callers give back
 -- only tokens they leased and did not grant.
+--
+-- Why a lease's number comes from a sequence: numbered per row, a bucket's leases started
+-- again at 1 once a reset deleted its row and a take minted it again, and a replica that had
+-- not yet heard of the reset gave back a lease of the old row under a number the new row's
+-- own lease then had: credited to it, tokens no holder of the new row counted (burst 100: the
+-- row read 98 while another replica still held 24 it could grant). A sequence never repeats a
+-- number, and a minted row has none (0), so a refund is credited only to the lease it came
+-- from.
+--
+-- Why a refund alone refills nothing: it comes from a lease of a bucket that cooled, under the
+-- limit the lease was made under, which may no longer be the bucket's (a rule lowered since; a
+-- replica forgets its leases only when a budget may grow). Refilled at that rate and burst,
+-- the row would hold tokens the current limit never gives. Credited to the row as stored, the
+-- next take refills it at its own limit, the current one, and caps it at its burst: the level
+-- refilling first and crediting after would give (min(B, min(B, x + r.t) + c) =
+-- min(B, x + c + r.t)), at whatever limit is current then.
 CREATE OR REPLACE FUNCTION plexsphere.lease_rate_budget(
     bucket_scope text,
     key uuid,
@@ -66,6 +82,27 @@ BEGIN
     FROM plexsphere.rate_budgets AS b
     WHERE b.scope = bucket_scope
       AND b.bucket_key = key;
+    IF at_most = 0 THEN
+        -- A refund alone. A number the snapshot shows gone never comes back: nothing to lock.
+        IF NOT FOUND OR refund = 0 OR serial <> refund_serial THEN
+            RETURN;
+        END IF;
+        SELECT b.tokens, b.refilled_at, b.lease_serial
+        INTO tokens, refilled_at, serial
+        FROM plexsphere.rate_budgets AS b
+        WHERE b.scope = bucket_scope
+          AND b.bucket_key = key
+        FOR UPDATE;
+        IF FOUND AND serial = refund_serial THEN
+            refunded := LEAST(refund, GREATEST(burst - tokens, 0));
+            UPDATE plexsphere.rate_budgets AS b
+            SET tokens = b.tokens + refunded
+            WHERE b.scope = bucket_scope
+              AND b.bucket_key = key
+            RETURNING b.tokens INTO tokens;
+        END IF;
+        RETURN;
+    END IF;
     IF FOUND AND (refund = 0 OR serial <> refund_serial)
        AND plexsphere.rate_budget_level(tokens, refilled_at, rate, burst, now) < at_least THEN
         RETURN;
@@ -88,11 +125,14 @@ BEGIN
     IF level >= at_least AND at_least > 0 THEN
         leased := at_least * floor(LEAST(level, at_most) / at_least);
     END IF;
+    IF leased > 0 THEN
+        serial := nextval('plexsphere.rate_budget_lease_serials');
+    END IF;
     IF leased > 0 OR refunded > 0 OR minted THEN
         UPDATE plexsphere.rate_budgets AS b
         SET tokens = level - leased,
             refilled_at = GREATEST(b.refilled_at, now),
-            lease_serial = b.lease_serial + CASE WHEN leased > 0 THEN 1 ELSE 0 END
+            lease_serial = serial
         WHERE b.scope = bucket_scope
           AND b.bucket_key = key
         RETURNING b.tokens, b.refilled_at, b.lease_serial INTO tokens, refilled_at, serial;

@@ -30,8 +30,10 @@ enum Ask {
 }
 
 impl Guard {
-    /// Asks the store, with the decision timeout, unless the circuit is open and the take
-    /// `may_skip` the store (every scope it spends decides locally): then `None`, at once.
+    /// Asks the store, until the take's `deadline` (the decision timeout from when the take
+    /// began: whatever it waited for before, a lease another take asked for, came out of the
+    /// same timeout), unless the circuit is open and the take `may_skip` the store (every
+    /// scope it spends decides locally): then `None`, at once.
     ///
     /// A take that fails closed always asks: skipping would only turn a wait into a 500, and
     /// it may be the one that finds the store answering again.
@@ -40,14 +42,16 @@ impl Guard {
         take: Take,
         now: DateTime<Utc>,
         may_skip: bool,
+        deadline: tokio::time::Instant,
     ) -> Option<Result<Decision, Undecided>> {
-        self.ask_store_with(may_skip, self.inner.decide(take, now)).await
+        self.ask_store_with(may_skip, deadline, self.inner.decide(take, now)).await
     }
 
     /// [`Guard::ask_store`] for any call of the store: a take, or a lease.
     pub(super) async fn ask_store_with<T>(
         &self,
         may_skip: bool,
+        deadline: tokio::time::Instant,
         call: impl std::future::Future<Output = Result<T, Undecided>>,
     ) -> Option<Result<T, Undecided>> {
         let probe = match self.ask(may_skip) {
@@ -57,7 +61,7 @@ impl Guard {
         // Dropped before the answer (the caller stopped waiting), a probe frees the circuit
         // for the next take to probe; see the module documentation on cancellation.
         let mut asking = Asking { guard: self, probe, answered: false };
-        let answer = tokio::time::timeout(self.config.decision_timeout, call).await;
+        let answer = tokio::time::timeout_at(deadline, call).await;
         asking.answered = true;
         let answer = answer.unwrap_or(Err(Undecided::TimedOut(self.config.decision_timeout)));
         match &answer {

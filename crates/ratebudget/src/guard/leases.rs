@@ -16,7 +16,11 @@
 //! lowered it), and the holder that leased first counts every later lease in it, so the
 //! holders together keep `S + H` within the burst. A refund would add tokens a holder's row
 //! does not count if it came from a lease made before that holder's, so the store credits a
-//! refund only to the bucket's latest lease (`lease_serial`), and forfeits it otherwise.
+//! refund only to the bucket's latest lease (`lease_serial`, drawn from a sequence, so that
+//! no lease of a row a reset deleted and a take minted again shares a number with one of the
+//! row before), and forfeits it otherwise. A refund alone (a cooled bucket's lease going back,
+//! under the limit it was leased under, which a lowered rule may have changed since) refills
+//! nothing: the next take refills the row at its own limit, the current one.
 //!
 //! What can be lost is grants, never budget: a lease's tokens the burst no longer leaves room
 //! for, a forfeited refund, a lease dropped with its entry (a reset, a changed rule, eviction,

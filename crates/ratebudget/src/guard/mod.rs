@@ -7,11 +7,12 @@
 //!    (what a grant left, or what a refusal judged; for a named limiter, the key's TAT). A
 //!    take that row cannot cover yet is refused here, without a statement, with the exact
 //!    wait.
-//! 2. **The store**, asked with a deadline (the decision timeout), behind a circuit: after a
-//!    few failures in a row, takes that do not fail closed do not ask it at all (they decide
-//!    by their fail mode at once) while it is probed twice a second, until a probe or any
-//!    other take finds it answering. Takes that fail closed keep asking: skipping the store
-//!    would only turn their wait into a 500.
+//! 2. **The store**, asked with a deadline (the decision timeout, counted from when the take
+//!    began, so a take that first waited for a lease another take asked for has only what is
+//!    left of it), behind a circuit: after a few failures in a row, takes that do not fail
+//!    closed do not ask it at all (they decide by their fail mode at once) while it is probed
+//!    twice a second, until a probe or any other take finds it answering. Takes that fail
+//!    closed keep asking: skipping the store would only turn their wait into a 500.
 //! 3. **The fail mode** each take carries ([`Spend::enforcement`](crate::Spend::enforcement), set per take by whoever
 //!    sized it, so a changed rule applies at once) when the store cannot answer or is not
 //!    asked: [`FailMode::Closed`] (the take is [`Undecided`], an HTTP 500),
@@ -87,6 +88,8 @@ mod fallback;
 mod leases;
 mod precheck;
 mod resets;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -150,7 +153,8 @@ impl GuardBuilder {
     pub const DEFAULT_CAPACITY: u64 = 100_000;
 
     /// The longest a take waits for the store before it counts as not answered and its fail
-    /// mode decides ([`GuardBuilder::DEFAULT_DECISION_TIMEOUT`] unless told). Keep it below the
+    /// mode decides ([`GuardBuilder::DEFAULT_DECISION_TIMEOUT`] unless told): all of its
+    /// waiting, a lease another take asks for included, comes out of this one timeout. Keep it below the
     /// deadline a caller gives a whole request, or the caller gives up first and the fail mode
     /// never decides.
     pub fn decision_timeout(mut self, timeout: Duration) -> GuardBuilder {
@@ -378,6 +382,12 @@ impl Guard {
     /// Decides `take` at `now`: the pre-check, then the store behind the circuit, then the
     /// fail mode; the same path for token buckets and GCRA limiters.
     async fn decide_guarded(&self, take: Take, now: DateTime<Utc>) -> Result<(Decision, Source), Undecided> {
+        // One decision timeout for the whole take: waiting for a lease another take asks for,
+        // and then asking the store, come out of the same one, so its fail mode decides
+        // within the timeout the caller was promised (a second timeout after the wait ran
+        // past the caller's own deadline, which answered 500 where OPEN or STATIC should
+        // have decided).
+        let deadline = tokio::time::Instant::now() + self.config.decision_timeout;
         if let Some(Err(untrusted)) = self.config.clock.as_ref().map(crate::ClockStatus::check) {
             return Err(Undecided::Declined(Box::new(untrusted)));
         }
@@ -396,22 +406,29 @@ impl Guard {
         }
         let fail_mode = guarded.fail_mode();
         let may_skip = fail_mode != FailMode::Closed;
-        let answer = match self.by_lease(&guarded, now, may_skip).await {
+        let answer = match self.by_lease(&guarded, now, may_skip, deadline).await {
             ByLease::Decided(decided) => return decided,
             ByLease::Answered(answer) => answer,
             ByLease::Wait(mut asking) => {
-                // Another take of this bucket asks for a lease: wait for its answer (bounded by
-                // its own decision timeout), then spend the lease, or learn what it learned.
-                let _ = asking.changed().await;
+                // Another take of this bucket asks for a lease: wait for its answer, then
+                // spend the lease, or learn what it learned, or ask the store with what is
+                // left of this take's timeout. A wait that uses it all up is the store not
+                // answering in time, for the fail mode to decide; the asking take counts it
+                // against the circuit, once.
+                let waited = tokio::time::timeout_at(deadline, asking.changed()).await;
                 if let Some(granted) = self.granted_from_lease(&guarded, now, false) {
                     return Ok(granted);
                 }
                 if let Some(refusal) = guarded.precheck(now) {
                     return Ok((Decision::Refused(refusal), Source::Precheck));
                 }
-                self.ask_store(take, now, may_skip).await
+                if waited.is_err() || tokio::time::Instant::now() >= deadline {
+                    Some(Err(Undecided::TimedOut(self.config.decision_timeout)))
+                } else {
+                    self.ask_store(take, now, may_skip, deadline).await
+                }
             }
-            ByLease::Direct => self.ask_store(take, now, may_skip).await,
+            ByLease::Direct => self.ask_store(take, now, may_skip, deadline).await,
         };
         let undecided = match answer {
             Some(Ok(decision)) => {
@@ -441,7 +458,13 @@ impl Guard {
     /// A single take of a token bucket, when leases are on: granted from this replica's lease
     /// of the bucket, or decided by asking the store for one (which, granted, leaves the rest
     /// of the lease here), or left to take directly.
-    async fn by_lease(&self, guarded: &Guarded, now: DateTime<Utc>, may_skip: bool) -> ByLease {
+    async fn by_lease(
+        &self,
+        guarded: &Guarded,
+        now: DateTime<Utc>,
+        may_skip: bool,
+        deadline: tokio::time::Instant,
+    ) -> ByLease {
         let Some(period) = self.config.lease_period else { return ByLease::Direct };
         let Some((which, spend, entry)) = leasable(guarded) else { return ByLease::Direct };
         let instant = Instant::now();
@@ -453,7 +476,7 @@ impl Guard {
         // Dropped before the answer (its caller went away), the request leaves the entry
         // asking no longer, and whatever it leased is forfeited.
         let mut asking = AskingForLease { entry, answered: false };
-        let answer = self.ask_store_with(may_skip, self.inner.lease(request, now)).await;
+        let answer = self.ask_store_with(may_skip, deadline, self.inner.lease(request, now)).await;
         asking.answered = true;
         match answer {
             Some(Ok(Some(leased))) => {

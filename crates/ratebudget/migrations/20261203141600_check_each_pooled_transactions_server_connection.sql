@@ -1,0 +1,6 @@
+-- Behind a transaction pooler (ratebudget crate, docs/adr/0033; issue 32, item 7): what each
+-- transaction runs on the server connection it was given, instead of DEALLOCATE ALL, which
+-- dropped statements the pooler had prepared there for other clients; and it refuses a server
+-- that cannot take a write, which the pooler may have been repointed at after this client's
+-- connection was made. The function's text says why.
+--! include functions/check_out_server_connection.sql
