@@ -8,7 +8,9 @@
 
 use std::cell::Cell;
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 tokio::task_local! {
     /// What is left of the current call's database time (see [`DatabaseTime::bounded`]).

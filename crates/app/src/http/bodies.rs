@@ -6,7 +6,7 @@ use axum::extract::Query;
 use axum::http::Uri;
 use serde::Deserialize;
 
-use super::ApiError;
+use super::error::ApiError;
 
 /// Parses a JSON body of type `T`, answering 400 for anything malformed.
 fn json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {

@@ -17,7 +17,7 @@ use axum::response::{IntoResponse, Response};
 use http_body::{Frame, SizeHint};
 use tokio::time::Sleep;
 
-use super::error_response;
+use super::error::error_response;
 
 /// The error a body gives when its deadline passed; `read_body` finds it in a rejection's
 /// sources and answers 408.

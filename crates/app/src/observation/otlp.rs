@@ -12,7 +12,7 @@
 //! disagree. They are cumulative, as Prometheus's are.
 //!
 //! The SDK's periodic reader exports from a thread of its own, outside the tokio runtime;
-//! its requests are sent on the runtime the export was started on ([`OnRuntime`]), through
+//! its requests are sent on the runtime the export was started on (`OnRuntime`), through
 //! hyper, the HTTP stack the server already uses. There is no TLS: a collector runs beside
 //! the replica (or a sidecar forwards) where the link must be encrypted.
 

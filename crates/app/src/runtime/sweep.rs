@@ -63,7 +63,7 @@ pub enum SweepError {
     /// The store could not delete a batch.
     #[error("a sweep batch failed")]
     Store(#[from] ratebudget::Error),
-    /// A batch did not finish within [`BATCH_TIMEOUT`].
+    /// A batch did not finish within `BATCH_TIMEOUT`.
     #[error("a sweep batch did not finish within {0:?}")]
     TimedOut(Duration),
     /// The replica's clock is not within its bound of the database's, so idleness cannot be
