@@ -112,7 +112,7 @@ impl Failure {
     pub fn message(&self) -> String {
         match self {
             Failure::Usage(message) => message.clone(),
-            Failure::Failed(error) => one_line(error),
+            Failure::Failed(error) => ratebudget::cause_chain(error.as_ref()),
         }
     }
 
@@ -123,24 +123,6 @@ impl Failure {
             Failure::Failed(_) => EXIT_FAILED,
         }
     }
-}
-
-/// The whole cause chain on one line, `what failed: why: why`, leaving out a cause whose text
-/// its error already ends with (sqlx's I/O error prints its source, then names it as its
-/// source too).
-fn one_line(error: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in error.chain() {
-        let text = cause.to_string();
-        if line.ends_with(&text) {
-            continue;
-        }
-        if !line.is_empty() {
-            line.push_str(": ");
-        }
-        line.push_str(&text);
-    }
-    line
 }
 
 impl From<config::ConfigError> for Failure {
