@@ -931,3 +931,165 @@ async fn a_decide_token_decides_and_sees_only_the_services_it_names(
     assert_eq!(operator.status, StatusCode::OK, "{operator:?}");
     assert!(!operator.body["rules"].as_array().unwrap().is_empty(), "acme's override rule: {operator:?}");
 }
+
+/// Issue 34, item 5: a rule of 1,000 a day was a 400 (a bucket had to refill within the
+/// sweep's hour, since the sweep deleted every bucket idle for an hour as if it were full).
+/// Now it is accepted, admits exactly its burst, keeps its bucket through the sweep while it
+/// refills, and refills at 1,000 a day, on the manual clock.
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
+async fn a_rule_of_a_thousand_a_day_admits_its_burst_survives_the_sweep_and_refills_at_its_rate(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let clock = Arc::new(ManualClock::new(instant()));
+    // The leader sweeps every second (of the test's wall clock) at the manual clock's now.
+    let replica = service(&connect, clock.clone(), &[("PLEXSPHERE_SWEEP_INTERVAL_SECS", "1")]).await;
+    let daily = json!({
+        "service": "directory", "api": "*", "selector": { "tenant": "*" },
+        "rate": 1000, "per_ms": 86_400_000, "burst": 1000,
+    });
+    rule(&replica, "daily", daily).await;
+    let tenant = |hits: u64| http_one(&[("tenant", "contoso")], hits);
+    let decide = |hits: u64| {
+        let replica = &replica;
+        async move { http_decide(replica, &tenant(hits)).await.body["overall_code"].as_str().unwrap().to_owned() }
+    };
+    assert_eq!(decide(1000).await, "OK", "the whole burst at once");
+    assert_eq!(decide(1).await, "OVER_LIMIT", "and not one more");
+
+    // Two hours later: 83.3 tokens have refilled. The sweep has run since, and kept the bucket.
+    let sweeps = "plexsphere_rate_budget_sweeps_total{outcome=\"ok\"}";
+    let before = replica.metric(sweeps).await.unwrap_or(0.0);
+    clock.advance(chrono::TimeDelta::hours(2));
+    eventually(Duration::from_secs(20), "the leader sweeps at the new now", || async {
+        replica.metric(sweeps).await.unwrap_or(0.0) >= before + 2.0
+    })
+    .await;
+    let pool = pool.connect_with(connect.clone()).await.unwrap();
+    let rows: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM plexsphere.rate_budgets WHERE scope = 'service_requests'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(rows, 1, "a bucket that has not refilled is not swept");
+    assert_eq!(decide(83).await, "OK");
+    assert_eq!(decide(1).await, "OVER_LIMIT", "2 h of 1,000 a day is 83.3 tokens");
+    // One token every 86.4 s: the third left over and a minute's 0.69 make one.
+    clock.advance(chrono::TimeDelta::seconds(60));
+    assert_eq!(decide(1).await, "OK");
+    assert_eq!(decide(1).await, "OVER_LIMIT");
+
+    // A day and a bit after the last take it is full, and the sweep deletes it.
+    clock.advance(chrono::TimeDelta::seconds(86_400 + 60));
+    let before = replica.metric(sweeps).await.unwrap_or(0.0);
+    eventually(Duration::from_secs(20), "the leader sweeps again", || async {
+        replica.metric(sweeps).await.unwrap_or(0.0) >= before + 2.0
+    })
+    .await;
+    let rows: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM plexsphere.rate_budgets WHERE scope = 'service_requests'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(rows, 0, "a full bucket is swept");
+    // Our own rules keep the hour.
+    let own =
+        json!({ "scope": "ingest_node", "selector": {}, "rate": 1000, "per_ms": 86_400_000, "burst": 1000 });
+    let refused = replica.operator(Method::PUT, "/v1/rules/own-daily", Some(own)).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{refused:?}");
+}
+
+/// Issue 34, item 6: an operator resets one service bucket by its service and entries, over
+/// HTTP on one replica and from the command line; every replica hears of it, and each is
+/// audited with the rule that governs the bucket.
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
+async fn an_operator_resets_a_service_bucket_by_its_descriptor_and_every_replica_hears(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let clock = Arc::new(ManualClock::new(instant()));
+    let a = service(&connect, clock.clone(), &[]).await;
+    let b = service(&connect, clock.clone(), &[]).await;
+    rule(&a, "contoso", directory_rule("GET /v1/users", &json!({ "tenant": "contoso" }), 2.0, 0)).await;
+    let contoso = [USERS, ("sku", "x"), ("tenant", "contoso")];
+    async fn over(replica: &Replica) -> bool {
+        let contoso = [USERS, ("sku", "x"), ("tenant", "contoso")];
+        http_decide(replica, &http_one(&contoso, 1)).await.body["overall_code"] == "OVER_LIMIT"
+    }
+    eventually(Duration::from_secs(5), "b decides by the rule", || async {
+        http_decide(&b, &http_one(&contoso, 2)).await.body["statuses"][0]["rule_id"] == "contoso"
+    })
+    .await;
+    assert!(over(&b).await, "b's pre-check now knows the bucket is empty");
+
+    // Another entry the rule does not name: the same bucket.
+    let reset = a
+        .operator(
+            Method::POST,
+            "/v1/decide/reset",
+            Some(json!({ "domain": "directory", "entries": [
+                { "key": "api", "value": "GET /v1/users" }, { "key": "tenant", "value": "contoso" }, { "key": "sku", "value": "other" },
+            ]})),
+        )
+        .await;
+    assert_eq!(reset.status, StatusCode::OK, "{reset:?}");
+    assert_eq!(reset.body, json!({ "existed": true, "rule_id": "contoso" }));
+    eventually(Duration::from_secs(5), "b hears of the reset", || async { !over(&b).await }).await;
+
+    // From the command line, audited as the command line.
+    // The polling above spent one of the two tokens; the next spends the other.
+    assert!(!over(&b).await);
+    assert!(over(&b).await, "spent again");
+    let mut printed = Vec::new();
+    let entries = [("api", "GET /v1/users"), ("tenant", "contoso")]
+        .map(|(key, value)| service::decide::Entry { key: key.into(), value: value.into() });
+    app::cli::reset_service_bucket(connect.clone(), "directory", &entries, &mut printed).await.unwrap();
+    let printed = String::from_utf8(printed).unwrap();
+    assert!(printed.contains("rule contoso"), "{printed}");
+    eventually(Duration::from_secs(5), "b hears of the second reset", || async { !over(&b).await }).await;
+
+    let pool = pool.connect_with(connect.clone()).await.unwrap();
+    let audited: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT actor, action, rule_id FROM plexsphere.audit_events WHERE action = 'bucket.reset' ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        audited,
+        [
+            ("operator".to_owned(), "bucket.reset".to_owned(), Some("contoso".to_owned())),
+            ("<cli>".to_owned(), "bucket.reset".to_owned(), Some("contoso".to_owned())),
+        ]
+    );
+
+    // A descriptor no rule governs has no bucket: a 404, and nothing audited.
+    let ungoverned = a
+        .operator(
+            Method::POST,
+            "/v1/decide/reset",
+            Some(json!({ "domain": "directory", "entries": [{ "key": "tenant", "value": "fabrikam" }] })),
+        )
+        .await;
+    assert_eq!((ungoverned.status, ungoverned.code()), (StatusCode::NOT_FOUND, "ungoverned"));
+    let count: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM plexsphere.audit_events WHERE action = 'bucket.reset'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(count, 2);
+    // A decide token cannot reset.
+    let as_caller = a
+        .request(
+            Method::POST,
+            "/v1/decide/reset",
+            Some(DECIDE_TOKEN),
+            Some(
+                json!({ "domain": "directory", "entries": [{ "key": "tenant", "value": "contoso" }] })
+                    .to_string()
+                    .into_bytes(),
+            ),
+        )
+        .await;
+    assert_eq!(as_caller.status, StatusCode::UNAUTHORIZED);
+}

@@ -87,12 +87,21 @@ enum BudgetsCommand {
         database: Database,
     },
     /// Forget one bucket, so the next take on any replica mints it full (unblocks a caller).
+    #[command(group(clap::ArgGroup::new("bucket").required(true).args(["scope", "service"])))]
     Reset {
         /// The scope: secret_read_node, secret_read_domain, access_issuance_domain,
-        /// ingest_node or ingest_domain.
-        scope: ratebudget::Scope,
+        /// ingest_node or ingest_domain (with the Node's or Domain's id).
+        #[arg(requires = "key")]
+        scope: Option<ratebudget::Scope>,
         /// The Node or Domain id.
-        key: uuid::Uuid,
+        key: Option<uuid::Uuid>,
+        /// Another service (Envoy's domain) whose bucket to reset: the one its descriptor of
+        /// the --entry pairs is decided in, by the rule that governs it.
+        #[arg(long, requires = "entries", conflicts_with = "scope")]
+        service: Option<String>,
+        /// One entry of the descriptor, key=value, in the descriptor's order (repeat it).
+        #[arg(long = "entry", value_name = "KEY=VALUE", value_parser = parse_entry)]
+        entries: Vec<(String, String)>,
         #[command(flatten)]
         database: Database,
     },
@@ -215,8 +224,21 @@ async fn run(command: Command) -> Result<(), Failure> {
         Command::Budgets { command: BudgetsCommand::Show { key, database } } => {
             Ok(show_budgets(database.options()?, key, &mut std::io::stdout()).await?)
         }
-        Command::Budgets { command: BudgetsCommand::Reset { scope, key, database } } => {
-            Ok(reset_budget(database.options()?, scope, key, &mut std::io::stdout()).await?)
+        Command::Budgets { command: BudgetsCommand::Reset { scope, key, service, entries, database } } => {
+            match (scope, key, service) {
+                (Some(scope), Some(key), _) => {
+                    Ok(reset_budget(database.options()?, scope, key, &mut std::io::stdout()).await?)
+                }
+                (_, _, Some(service)) => {
+                    let entries: Vec<service::decide::Entry> = entries
+                        .into_iter()
+                        .map(|(key, value)| service::decide::Entry { key, value })
+                        .collect();
+                    Ok(reset_service_bucket(database.options()?, &service, &entries, &mut std::io::stdout())
+                        .await?)
+                }
+                _ => Err(Failure::Usage("name a scope and an id, or --service and its --entry pairs".into())),
+            }
         }
     }
 }
@@ -370,6 +392,48 @@ pub async fn reset_budget(
         )?;
     }
     Ok(())
+}
+
+/// `plexsphere budgets reset --service <service> --entry key=value ...`: forgets the bucket that
+/// descriptor of the service is decided in, by the rule that governs it as stored (every
+/// replica hears of it), audited as the command line.
+///
+/// # Errors
+/// When the database does not answer, or no rule of the service governs the descriptor.
+pub async fn reset_service_bucket(
+    database: PgConnectOptions,
+    service: &str,
+    entries: &[service::decide::Entry],
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let pool = connect(database).await?;
+    let reset = operations(&pool)
+        .reset_service_bucket(audit::Actor::command_line(), service, entries)
+        .await
+        .context("failed to reset the bucket")?;
+    if reset.existed {
+        writeln!(
+            out,
+            "reset the bucket of {service} governed by rule {}: its next take mints it full",
+            reset.rule_id
+        )?;
+    } else {
+        writeln!(
+            out,
+            "the bucket of {service} governed by rule {} was full already (no row); replicas were told anyway",
+            reset.rule_id
+        )?;
+    }
+    Ok(())
+}
+
+/// A descriptor entry from `key=value` (the value may hold `=`).
+fn parse_entry(text: &str) -> Result<(String, String), String> {
+    let (key, value) = text.split_once('=').ok_or_else(|| format!("{text:?} is not key=value"))?;
+    if key.is_empty() {
+        return Err(format!("{text:?} has an empty key"));
+    }
+    Ok((key.to_owned(), value.to_owned()))
 }
 
 /// `plexsphere secrets rekey`: re-seals under the current key, `batch_size` at a time, every

@@ -100,10 +100,13 @@ pub enum Action {
     /// `DELETE /v1/rules/{rule_id}`: a rule deleted (the subject names the deletion's version
     /// in the rule's history).
     DeleteRule,
+    /// `POST /v1/decide/reset` or `plexsphere budgets reset --service`: another service's
+    /// bucket forgotten (the subject names the rule that governs it, at its version).
+    ResetServiceBucket,
 }
 
 impl Action {
-    const ALL: [Action; 10] = [
+    const ALL: [Action; 11] = [
         Action::CreateDomain,
         Action::EnrolNode,
         Action::RevokeNode,
@@ -114,6 +117,7 @@ impl Action {
         Action::PutRule,
         Action::RollBackRule,
         Action::DeleteRule,
+        Action::ResetServiceBucket,
     ];
 
     /// The action as stored and shown: `noun.verb`.
@@ -129,6 +133,7 @@ impl Action {
             Action::PutRule => "rule.put",
             Action::RollBackRule => "rule.rollback",
             Action::DeleteRule => "rule.delete",
+            Action::ResetServiceBucket => "bucket.reset",
         }
     }
 

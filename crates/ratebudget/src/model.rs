@@ -140,11 +140,15 @@ pub const IDLE_RETENTION: Duration = Duration::from_secs(3600);
 /// [`IDLE_RETENTION`] in seconds, as the budget comparison uses it.
 const IDLE_RETENTION_SECONDS: f64 = 3600.0;
 
+/// [`Limit::MAX_REFILL_TIME`] in seconds, as the longer budgets' comparison uses it.
+const MAX_REFILL_SECONDS: f64 = 366.0 * 86_400.0;
+
 /// A budget that is known to be usable: how fast a bucket refills and how much it holds.
 ///
 /// A bucket starts full, so `burst` back-to-back requests are admitted before the sustained
-/// rate applies. Built only by [`Limit::new`], so a `Limit` in hand is valid and no take checks
-/// it again.
+/// rate applies. Built only by [`Limit::new`] (refilled within the hour) or
+/// [`Limit::for_any_period`] (within a year and a day), so a `Limit` in hand is valid and no
+/// take checks it again.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Limit {
     per_second: f64,
@@ -173,6 +177,10 @@ impl Limit {
     /// The largest burst a budget may have, in tokens.
     pub const MAX_BURST: f64 = 1e15;
 
+    /// The longest a budget of [`Limit::for_any_period`] may take to refill from empty: a
+    /// year and a day, so a yearly quota (365 days, as envoyproxy/ratelimit's `year`) fits.
+    pub const MAX_REFILL_TIME: Duration = Duration::from_secs(366 * 86_400);
+
     /// Checks a rate and a burst.
     ///
     /// # Errors
@@ -200,9 +208,44 @@ impl Limit {
         Ok(Limit { per_second, burst })
     }
 
+    /// Checks a rate and a burst as [`Limit::new`] does, but for a budget that may take up to
+    /// [`Limit::MAX_REFILL_TIME`] to refill from empty (a day's, a week's, a year's quota).
+    ///
+    /// Whoever sweeps the buckets of such a budget must keep them until they are full again:
+    /// an idle bucket of it is not full after [`IDLE_RETENTION`], and deleting it would hand
+    /// the next take what the budget has not refilled. [`IdleSweep::retaining`] keeps a name's
+    /// buckets for longer.
+    ///
+    /// # Errors
+    /// As [`Limit::new`], with the refill bound `burst <= per_second * 31622400` (366 days).
+    ///
+    /// [`IdleSweep::retaining`]: crate::IdleSweep::retaining
+    pub fn for_any_period(per_second: f64, burst: f64) -> Result<Limit, InvalidLimit> {
+        match Limit::new(per_second, burst) {
+            Err(InvalidLimit { field: "burst", .. })
+                if burst > 0.0 && burst <= Limit::MAX_BURST && burst <= per_second * MAX_REFILL_SECONDS =>
+            {
+                Ok(Limit { per_second, burst })
+            }
+            Err(InvalidLimit { field: "burst", .. }) if burst > 0.0 && burst <= Limit::MAX_BURST => {
+                Err(InvalidLimit {
+                    field: "burst",
+                    reason: "must refill from empty within a year and a day: burst <= per_second * 31622400",
+                })
+            }
+            built => built,
+        }
+    }
+
     /// The retention rule, exactly as the tables' CHECKs write it.
     fn refills_within_retention(per_second: f64, burst: f64) -> bool {
         burst <= per_second * IDLE_RETENTION_SECONDS
+    }
+
+    /// Whether a bucket of this budget is full again once idle for [`IDLE_RETENTION`]: true of
+    /// every [`Limit::new`], not of a longer [`Limit::for_any_period`].
+    pub fn refills_within_the_idle_retention(self) -> bool {
+        Limit::refills_within_retention(self.per_second, self.burst)
     }
 
     /// Tokens added per second of elapsed time.
@@ -217,7 +260,7 @@ impl Limit {
 
     /// How long an empty bucket takes to refill to full.
     pub fn refill_time(self) -> Duration {
-        // Within IDLE_RETENTION by construction, so always representable.
+        // Within MAX_REFILL_TIME by construction, so always representable.
         Duration::from_secs_f64(self.burst / self.per_second)
     }
 

@@ -213,14 +213,22 @@ impl Store {
     /// An idle sweep deleting every bucket last taken from before `before`, batch by batch.
     /// [`IdleSweep::and_expired`] extends it to named limiters' expired keys.
     pub fn sweep_idle(&self, before: DateTime<Utc>) -> IdleSweep<'_> {
-        IdleSweep { store: self, before, expired_at: None, phase: Phase::Buckets, deleted: 0 }
+        IdleSweep {
+            store: self,
+            before,
+            retained: Vec::new(),
+            expired_at: None,
+            phase: Phase::Buckets,
+            deleted: 0,
+        }
     }
 
     /// Deletes every bucket last taken from before `before` and returns how many it deleted.
     ///
-    /// An idle bucket has refilled to full (every [`Limit`] refills within
-    /// [`IDLE_RETENTION`](crate::IDLE_RETENTION)), so deleting it is exactly what the next take
-    /// would mint; what this reclaims is the rows of Nodes and Domains that are gone. It
+    /// An idle bucket has refilled to full (every [`Limit::new`] refills within
+    /// [`IDLE_RETENTION`](crate::IDLE_RETENTION); a name whose budgets take longer needs
+    /// [`IdleSweep::retaining`] instead), so deleting it is exactly what the next take would
+    /// mint; what this reclaims is the rows of Nodes and Domains that are gone. It
     /// deletes in batches (see [`IdleSweep`]) so no statement holds row locks for long, and
     /// skips rows a take holds.
     ///
@@ -542,6 +550,8 @@ impl Store {
 pub struct IdleSweep<'a> {
     store: &'a Store,
     before: DateTime<Utc>,
+    /// Names whose buckets are idle only before an earlier instant of their own.
+    retained: Vec<(Name, DateTime<Utc>)>,
     expired_at: Option<DateTime<Utc>>,
     phase: Phase,
     deleted: u64,
@@ -556,6 +566,15 @@ enum Phase {
 }
 
 impl IdleSweep<'_> {
+    /// Keeps `name`'s buckets unless last taken from before `before` (an instant at or before
+    /// the sweep's own; a later one is the sweep's): for a name whose budgets take longer than
+    /// [`IDLE_RETENTION`](crate::IDLE_RETENTION) to refill ([`Limit::for_any_period`]), the
+    /// longest refill any of them takes before now, so that every bucket deleted is full.
+    pub fn retaining(mut self, name: impl Into<Name>, before: DateTime<Utc>) -> Self {
+        self.retained.push((name.into(), before.min(self.before)));
+        self
+    }
+
     /// Also deletes the keys of named limiters whose budget is back to full at `now`, after
     /// the idle buckets.
     pub fn and_expired(mut self, now: DateTime<Utc>) -> Self {
@@ -574,7 +593,11 @@ impl IdleSweep<'_> {
         let limit = i64::try_from(Store::DELETE_IDLE_BATCH).unwrap_or(i64::MAX);
         let statement = match (phase, self.expired_at) {
             (Phase::Done, _) | (Phase::NamedKeys, None) => return None,
-            (Phase::Buckets, _) => sqlx::query(DELETE_IDLE).bind(self.before).bind(limit),
+            (Phase::Buckets, _) => sqlx::query(DELETE_IDLE)
+                .bind(self.before)
+                .bind(limit)
+                .bind(self.retained.iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>())
+                .bind(self.retained.iter().map(|(_, before)| *before).collect::<Vec<_>>()),
             (Phase::NamedKeys, Some(now)) => sqlx::query(DELETE_EXPIRED).bind(named::micros(now)).bind(limit),
         };
         // A batch counts as deleted once it is committed (see `Store::reset`).

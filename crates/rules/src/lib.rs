@@ -10,9 +10,11 @@
 //! version, kept forever with who made it ([`RuleVersion`]).
 //!
 //! Invariants:
-//! - Every rule is a budget `ratebudget::Limit::new` accepts (it refills within the idle
-//!   sweep's hour), with a burst of at least one; the table's CHECKs make the same float8
-//!   comparisons and the same target checks, so a rule the model accepts is always stored.
+//! - Every rule of our own is a budget `ratebudget::Limit::new` accepts (it refills within the
+//!   idle sweep's hour), and every other service's one `ratebudget::Limit::for_any_period`
+//!   accepts (within a year and a day: its buckets are swept once its slowest rule has refilled
+//!   them), with a burst of at least one; the table's CHECKs make the same float8 comparisons
+//!   and the same target checks, so a rule the model accepts is always stored.
 //! - A replacement or deletion applies only to the version its writer read, decided by one
 //!   conditional statement: of two writers holding the same version, exactly one wins.
 //! - Every change adds one version to `plexsphere.rule_versions` (append-only: the table

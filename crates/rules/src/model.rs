@@ -226,8 +226,9 @@ impl RuleDraft {
     /// [`InvalidRule`] naming the first field that is wrong: `service`, `api` or `selector`
     /// (of another service's rule: [`ServiceDraft::validate`]), `scope` (not one of the five),
     /// `rate` (not above 0, or above 1e12 a second once divided by `per_ms`), `per_ms` (not 1
-    /// to 86400000), `burst` (below 1, above 1e15, or not refilled from empty within an hour
-    /// at `rate`: the rule `ratebudget::Limit::new` holds every budget to), `algorithm`,
+    /// to 86400000), `burst` (below 1, above 1e15, or not refilled from empty at `rate` within
+    /// an hour for our own budgets, `ratebudget::Limit::new`'s rule, or within a year and a day
+    /// for another service's, `ratebudget::Limit::for_any_period`'s), `algorithm`,
     /// `mode`, `fail_mode` (not one of their texts; `GCRA` for a scope other than
     /// `access_issuance_domain`, or for another service), `priority` (outside a 32-bit
     /// integer).
@@ -259,14 +260,24 @@ impl RuleDraft {
         if self.burst > Limit::MAX_BURST {
             return Err(invalid("burst", "must be at most 1e15"));
         }
-        let limit = Limit::new(per_second(self.rate, per_ms), self.burst).map_err(|invalid_limit| {
+        // Our own budgets' buckets are swept after an hour idle, so they must be full by then;
+        // another service's may take up to a year and a day (a day's, a week's, a year's quota),
+        // and the sweep keeps its buckets until the slowest of its rules has refilled them.
+        let (limit, refill) = match &target {
+            Target::Own { .. } => (
+                Limit::new(per_second(self.rate, per_ms), self.burst),
+                "must refill from empty within an hour: burst <= rate / (per_ms / 1000) * 3600",
+            ),
+            Target::Service { .. } => (
+                Limit::for_any_period(per_second(self.rate, per_ms), self.burst),
+                "must refill from empty within a year and a day: burst <= rate / (per_ms / 1000) * 31622400",
+            ),
+        };
+        let limit = limit.map_err(|invalid_limit| {
             if invalid_limit.field == "per_second" {
                 invalid("rate", "must come to above 0 and at most 1e12 a second (rate / (per_ms / 1000))")
             } else {
-                invalid(
-                    "burst",
-                    "must refill from empty within an hour: burst <= rate / (per_ms / 1000) * 3600",
-                )
+                invalid("burst", refill)
             }
         })?;
         let algorithm = self.algorithm.as_deref().map_or(Ok(Algorithm::TokenBucket), parse_algorithm)?;

@@ -109,6 +109,20 @@ pub struct CompiledRules {
     pub policies: Vec<Policy>,
 }
 
+impl CompiledRules {
+    /// `snapshot` with each rule's policy, numbered by `refs` (usage counts name rules by
+    /// these numbers; a caller that counts no usage may use fresh ones).
+    pub fn with_refs(snapshot: Snapshot, refs: &RuleRefs) -> CompiledRules {
+        let policies = snapshot.rules().iter().map(|rule| rule.spec.policy(refs.intern(&rule.id))).collect();
+        CompiledRules { snapshot, policies }
+    }
+
+    /// `snapshot` with each rule's policy, for a caller that counts no usage.
+    pub fn of(snapshot: Snapshot) -> CompiledRules {
+        CompiledRules::with_refs(snapshot, &RuleRefs::default())
+    }
+}
+
 /// The tier directory: every Domain off the default tier.
 #[derive(Debug)]
 struct Tiers {
@@ -189,6 +203,37 @@ impl RuleBudgets {
     pub fn loaded(&self) -> bool {
         let state = read(&self.state);
         state.rules.is_some() && state.tiers.is_some()
+    }
+
+    /// The names whose buckets the sweep must keep idle for longer than the hour, and for how
+    /// long: every other service's buckets (they are one name) until the slowest of its rules
+    /// has refilled them, which is the longest refill of any service rule this replica holds,
+    /// and a year and a day before the rules are loaded. Our own scopes' budgets refill within
+    /// the hour (`ratebudget::Limit::new`), so none of theirs is here.
+    ///
+    /// Whatever rule governs a bucket now, its tokens were not negative when last taken from,
+    /// so once idle for the longest refill of the current rules it is full under any of them:
+    /// deleting it is what the next take would mint. A rule that slows a refill is heard by
+    /// the sweeping leader within a second, as by every replica.
+    pub fn retained(&self) -> Vec<(Name, Duration)> {
+        let state = read(&self.state);
+        let longest = match &state.rules {
+            None => ratebudget::Limit::MAX_REFILL_TIME,
+            Some(rules) => rules
+                .snapshot
+                .rules()
+                .iter()
+                .zip(&rules.policies)
+                .filter(|(rule, _)| matches!(rule.spec.target(), rules::Target::Service { .. }))
+                .map(|(_, policy)| policy.limit.refill_time())
+                .max()
+                .unwrap_or_default(),
+        };
+        if longest <= ratebudget::IDLE_RETENTION {
+            Vec::new()
+        } else {
+            vec![(service_buckets(), longest)]
+        }
     }
 
     /// What `/metrics` shows of the snapshot, the directory and the guard.
@@ -280,9 +325,7 @@ impl RuleBudgets {
     /// Installs `snapshot`, unless a newer one is held already, and makes the guard forget the
     /// buckets of every budget that may have grown since the one held.
     pub fn install_rules(&self, snapshot: Snapshot) {
-        let policies =
-            snapshot.rules().iter().map(|rule| rule.spec.policy(self.refs.intern(&rule.id))).collect();
-        let compiled = Arc::new(CompiledRules { snapshot, policies });
+        let compiled = Arc::new(CompiledRules::with_refs(snapshot, &self.refs));
         let replaced = {
             let mut state = write(&self.state);
             let held = state.rules.clone();

@@ -310,34 +310,21 @@ impl DecideService {
         // Each limited descriptor: its position in the request, its spend, and its rule's id.
         let mut limited: Vec<(usize, Spend, &str)> = Vec::new();
         for (position, descriptor) in request.descriptors.iter().enumerate() {
-            let api =
-                descriptor.entries.iter().find(|entry| entry.key == "api").map(|entry| entry.value.as_str());
-            let attributes: Vec<(&str, &str)> = descriptor
-                .entries
-                .iter()
-                .filter(|entry| entry.key != "api")
-                .map(|entry| (entry.key.as_str(), entry.value.as_str()))
-                .collect();
-            let Some(governing) = compiled.snapshot.matching(service, api, &attributes).into_iter().next()
-            else {
+            let Some(governed) = governing_bucket(&compiled.snapshot, service, &descriptor.entries) else {
                 continue;
             };
-            let Some(keyed_by) = compiled.snapshot.keyed_by(governing.index, &attributes) else {
-                continue;
-            };
-            let api = if governing.names_the_api { api } else { None };
             // Every cost up to 2^53 is exact as a float, and above it a cost is above every
             // burst (`Limit::MAX_BURST` is 1e15): the take answers `InsufficientCapacity`.
             let hits = descriptor.hits_addend.unwrap_or(request.hits_addend).max(1);
-            let policy = compiled.policies[governing.index];
+            let policy = compiled.policies[governed.index];
             let spend = Spend {
                 name: service_buckets(),
-                key: runtime_key(service, api, &keyed_by),
+                key: governed.key,
                 cost: hits as f64,
                 limit: policy.limit,
                 enforcement: policy.enforcement,
             };
-            limited.push((position, spend, governing.rule.id.as_str()));
+            limited.push((position, spend, governed.rule.id.as_str()));
         }
         let take = match limited.as_slice() {
             [] => return Ok(Answer { overall: Code::Ok, statuses, headers: Vec::new() }),
@@ -429,6 +416,38 @@ fn push_fields(
             }
         }
     }
+}
+
+/// A descriptor's governing rule and its bucket, as [`governing_bucket`] finds them.
+#[derive(Clone, Copy, Debug)]
+pub struct Governed<'s> {
+    /// The rule's position in the snapshot (its policy's too).
+    pub index: usize,
+    /// The rule.
+    pub rule: &'s rules::Rule,
+    /// Its bucket's key, under [`service_buckets`].
+    pub key: Key,
+}
+
+/// The rule of `service` that governs a descriptor of `entries` in `snapshot`, and the bucket
+/// it is decided in; `None` when no rule governs it (it has no bucket). The one resolution of
+/// a descriptor, for deciding and for resetting alike: the entry keyed `api` names the API,
+/// the others are attributes.
+pub fn governing_bucket<'s>(
+    snapshot: &'s rules::Snapshot,
+    service: &str,
+    entries: &[Entry],
+) -> Option<Governed<'s>> {
+    let api = entries.iter().find(|entry| entry.key == "api").map(|entry| entry.value.as_str());
+    let attributes: Vec<(&str, &str)> = entries
+        .iter()
+        .filter(|entry| entry.key != "api")
+        .map(|entry| (entry.key.as_str(), entry.value.as_str()))
+        .collect();
+    let governing = snapshot.matching(service, api, &attributes).into_iter().next()?;
+    let keyed_by = snapshot.keyed_by(governing.index, &attributes)?;
+    let api = if governing.names_the_api { api } else { None };
+    Some(Governed { index: governing.index, rule: governing.rule, key: runtime_key(service, api, &keyed_by) })
 }
 
 /// A governed descriptor's bucket: the first 64 bits of SHA-256 over the service, the API if

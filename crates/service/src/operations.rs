@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use ratebudget::{cause_chain, Bucket, Key, Limit, Scope};
+use ratebudget::{cause_chain, Bucket, Key, Limit, Name, Scope};
 use uuid::Uuid;
 
 use crate::budgets::{Precheck, RuleBudgets};
@@ -28,12 +28,13 @@ pub trait BucketStore: Send + Sync {
     /// When the store could not answer.
     async fn buckets(&self, key: Key) -> Result<Vec<Bucket>, ratebudget::Error>;
 
-    /// Forgets `scope`'s bucket of `key` and tells every replica; whether there was one.
+    /// Forgets the bucket of `key` under `name` (a scope's, or another service's) and tells
+    /// every replica; whether there was one.
     ///
     /// # Errors
     /// When the store could not answer; then nothing MUST have been forgotten, and the reset
     /// MUST have committed before `Ok`.
-    async fn reset(&self, scope: Scope, key: Key) -> Result<bool, ratebudget::Error>;
+    async fn reset(&self, name: Name, key: Key) -> Result<bool, ratebudget::Error>;
 }
 
 #[async_trait::async_trait]
@@ -42,8 +43,8 @@ impl BucketStore for ratebudget::Store {
         ratebudget::Store::buckets(self, key).await
     }
 
-    async fn reset(&self, scope: Scope, key: Key) -> Result<bool, ratebudget::Error> {
-        ratebudget::Store::reset(self, scope, key).await
+    async fn reset(&self, name: Name, key: Key) -> Result<bool, ratebudget::Error> {
+        ratebudget::Store::reset(self, name, key).await
     }
 }
 
@@ -100,6 +101,12 @@ pub enum OperationError {
         /// The scope asked for.
         scope: Scope,
     },
+    /// No rule of the service governs the descriptor: it has no bucket to reset.
+    #[error("no rule of service {service} governs that descriptor: it has no bucket")]
+    Ungoverned {
+        /// The service.
+        service: String,
+    },
     /// A field of the request is invalid; nothing was written.
     #[error("invalid {field}: {reason}")]
     Invalid {
@@ -145,6 +152,9 @@ pub enum OperationError {
     /// The rate-budget store could not answer.
     #[error("the rate-budget store could not answer")]
     Store(#[source] ratebudget::Error),
+    /// This replica has not loaded the rules yet.
+    #[error(transparent)]
+    NotLoaded(crate::budgets::NotLoaded),
     /// The action happened, but its audit entry could not be written.
     #[error(transparent)]
     Audit(#[from] audit::AuditLogError),
@@ -209,6 +219,15 @@ pub struct Reset {
     pub keyed_by: Holder,
     /// Whether a Node or Domain has the id (`false`: a typo, or one since deleted).
     pub held: bool,
+}
+
+/// A service's bucket reset: the rule that governs it, and whether there was one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceReset {
+    /// The governing rule.
+    pub rule_id: rules::RuleId,
+    /// Whether there was a bucket (none: it was full already).
+    pub existed: bool,
 }
 
 /// What a rekey did, in all.
@@ -440,13 +459,50 @@ impl Operations {
         if let Some(holder) = holder.filter(|holder| *holder != keyed_by) {
             return Err(OperationError::WrongHolder { key, holder, scope });
         }
-        let existed = self.buckets.reset(scope, key.into()).await.map_err(OperationError::Store)?;
+        let existed = self.buckets.reset(scope.name(), key.into()).await.map_err(OperationError::Store)?;
         if let Some(replica) = &self.replica {
             replica.precheck.forget(scope.name(), key.into());
         }
         self.record(actor, audit::Action::ResetBudget, keyed_by.subject(key)).await?;
         tracing::info!(%scope, %key, existed, "operator reset a rate budget");
         Ok(Reset { existed, keyed_by, held: holder.is_some() })
+    }
+
+    /// Forgets the bucket another service's descriptor of `entries` is decided in (by the rule
+    /// that governs it now, resolved as a decision resolves it), so its next request on any
+    /// replica finds it full. A serving replica resolves by the rules it decides by; the
+    /// command line by the rules as stored.
+    ///
+    /// # Errors
+    /// [`OperationError::Ungoverned`] (nothing reset), or a store that could not answer.
+    pub async fn reset_service_bucket(
+        &self,
+        actor: audit::Actor,
+        service: &str,
+        entries: &[crate::decide::Entry],
+    ) -> Result<ServiceReset, OperationError> {
+        let snapshot = match &self.replica {
+            Some(replica) => match replica.budgets.compiled_rules() {
+                Ok(compiled) => compiled,
+                Err(not_loaded) => return Err(OperationError::NotLoaded(not_loaded)),
+            },
+            None => Arc::new(crate::budgets::CompiledRules::of(self.rules.snapshot().await?)),
+        };
+        let governed = crate::decide::governing_bucket(&snapshot.snapshot, service, entries)
+            .ok_or_else(|| OperationError::Ungoverned { service: service.to_owned() })?;
+        let name = crate::budgets::service_buckets();
+        let existed = self.buckets.reset(name, governed.key).await.map_err(OperationError::Store)?;
+        if let Some(replica) = &self.replica {
+            replica.precheck.forget(name, governed.key);
+        }
+        let subject = audit::Subject {
+            rule_id: Some(governed.rule.id.to_string()),
+            rule_version: Some(governed.rule.version.get()),
+            ..audit::Subject::default()
+        };
+        self.record(actor, audit::Action::ResetServiceBucket, subject).await?;
+        tracing::info!(service, rule = %governed.rule.id, existed, "operator reset a service's bucket");
+        Ok(ServiceReset { rule_id: governed.rule.id.clone(), existed })
     }
 
     /// Re-seals every secret under the current key, `batch_size` at a time, telling

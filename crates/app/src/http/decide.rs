@@ -3,7 +3,8 @@
 //! balancer). Both need a decide token (`PLEXSPHERE_DECIDE_TOKENS`; the snapshot takes an
 //! operator's too), and are off while no decide token is configured. A decide token asks only
 //! for the services it names (every service but plexsphere's own when it names none): another
-//! is 403, and plexsphere's own snapshot needs an operator's token.
+//! is 403, and plexsphere's own snapshot needs an operator's token. `POST /v1/decide/reset` is
+//! an operator's: it forgets the bucket one descriptor is decided in.
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
@@ -14,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use super::auth::bearer;
+use super::auth::{bearer, Operator};
 use super::error::ApiError;
 use super::extract::{read_body, OPERATOR_BODY_LIMIT};
 use super::rule_routes::{rule_body, RuleBody};
@@ -222,4 +223,42 @@ pub(super) async fn snapshot(
         rules: compiled.snapshot.service_rules(service.as_str()).into_iter().map(rule_body).collect(),
     };
     Ok((StatusCode::OK, [(header::ETAG, tag)], Json(body)).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ResetBody {
+    domain: String,
+    entries: Vec<EntryBody>,
+}
+
+#[derive(Serialize)]
+pub(super) struct ServiceResetBody {
+    existed: bool,
+    rule_id: String,
+}
+
+/// `POST /v1/decide/reset` `{"domain", "entries": [{"key", "value"}, ...]}`: forgets the bucket
+/// that descriptor is decided in, by the rule that governs it now, on every replica (audited);
+/// 404 `ungoverned` when no rule governs it.
+pub(super) async fn reset(
+    Operator(actor): Operator,
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<ServiceResetBody>, ApiError> {
+    let body = read_body(body, OPERATOR_BODY_LIMIT)?;
+    let parsed: ResetBody = serde_json::from_slice(&body)
+        .map_err(|error| ApiError::bad_request(format!("malformed reset request: {error}")))?;
+    if parsed.domain.is_empty() || parsed.entries.is_empty() {
+        return Err(ApiError::bad_request("a reset names a domain and at least one entry"));
+    }
+    let entries: Vec<Entry> =
+        parsed.entries.into_iter().map(|entry| Entry { key: entry.key, value: entry.value }).collect();
+    let reset = state
+        .bounded(
+            "resetting a service's bucket",
+            state.operations.reset_service_bucket(actor, &parsed.domain, &entries),
+        )
+        .await??;
+    Ok(Json(ServiceResetBody { existed: reset.existed, rule_id: reset.rule_id.to_string() }))
 }

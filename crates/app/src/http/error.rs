@@ -439,6 +439,10 @@ impl From<service::OperationError> for ApiError {
         use service::OperationError;
         match error {
             OperationError::UnknownDomain(id) => unknown_domain(id),
+            ungoverned @ OperationError::Ungoverned { .. } => {
+                ApiError::NotFound { code: "ungoverned", message: ungoverned.to_string() }
+            }
+            OperationError::NotLoaded(not_loaded) => not_loaded.into(),
             wrong @ OperationError::WrongHolder { .. } => {
                 ApiError::BadRequest { code: "wrong_holder", message: wrong.to_string() }
             }

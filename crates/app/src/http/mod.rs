@@ -98,6 +98,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/status", get(overview::status))
         .route("/v1/fill/{key}", get(overview::fill))
         .route("/v1/decide", post(decide::decide))
+        .route("/v1/decide/reset", post(decide::reset))
         .route("/v1/snapshot", get(decide::snapshot))
         .layer(DefaultBodyLimit::max(OPERATOR_BODY_LIMIT))
         .route("/v1/secrets/{name}", get(node::read_secret))

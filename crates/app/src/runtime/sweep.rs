@@ -1,10 +1,12 @@
-//! The `rate-budget-sweep` loop: the leader deletes buckets idle for over an hour, and the
-//! rules' usage older than [`USAGE_RETENTION`].
+//! The `rate-budget-sweep` loop: the leader deletes buckets idle for over an hour (another
+//! service's for as long as its slowest rule takes to refill, `service::RuleBudgets::retained`),
+//! and the rules' usage older than [`USAGE_RETENTION`].
 //!
-//! The retention is not a tuning choice. Every shipped budget refills to full within seconds
+//! The retention is not a tuning choice. Every budget of our own refills to full within seconds
 //! of being left alone, so a bucket idle for an hour is a full bucket, and deleting it is
-//! exactly what the next take would mint. What the sweep reclaims is the rows of Nodes and
-//! Domains that are gone.
+//! exactly what the next take would mint; another service's day- or year-long quota is full
+//! only once its refill has run, so its buckets are kept that long. What the sweep reclaims is
+//! the rows of Nodes, Domains and callers that are gone.
 //!
 //! The loop carries no readiness probe: a sweep that never ran costs rows, not correctness,
 //! because a take refills from the stored instant whatever the row's age.
@@ -21,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratebudget::{Clock, Store};
+use service::RuleBudgets;
 use tokio_util::sync::CancellationToken;
 
 use crate::observation::metrics::Metrics;
@@ -72,9 +75,10 @@ pub enum SweepError {
     UntrustedClock(#[from] UntrustedClock),
 }
 
-/// Deletes every bucket idle since before `now - RETENTION - skew_margin`, then every named
-/// limiter's key whose budget was back to full at `now - skew_margin`, one batch statement at
-/// a time, for as long as `keep_going` allows between batches; returns how many it deleted.
+/// Deletes every bucket idle since before `now - RETENTION - skew_margin` (of each name in
+/// `retained`, since before `now - its retention - skew_margin`), then every named limiter's
+/// key whose budget was back to full at `now - skew_margin`, one batch statement at a time, for
+/// as long as `keep_going` allows between batches; returns how many it deleted.
 ///
 /// # Errors
 /// [`SweepError`] when a batch failed or hung; the batches before it stay deleted.
@@ -82,13 +86,19 @@ pub async fn sweep_once(
     store: &Store,
     clock: &dyn Clock,
     skew_margin: Duration,
+    retained: &[(ratebudget::Name, Duration)],
     mut keep_going: impl FnMut() -> bool,
 ) -> Result<u64, SweepError> {
-    let idle_for = chrono::TimeDelta::from_std(RETENTION + skew_margin)
-        .expect("an hour and a minute at most is a valid time delta");
+    let idle_for = |retention: Duration| {
+        chrono::TimeDelta::from_std(retention + skew_margin)
+            .expect("a year and a minute at most is a valid time delta")
+    };
     let margin = chrono::TimeDelta::from_std(skew_margin).expect("a minute at most is a valid time delta");
     let now = clock.now();
-    let mut sweep = store.sweep_idle(now - idle_for).and_expired(now - margin);
+    let mut sweep = store.sweep_idle(now - idle_for(RETENTION)).and_expired(now - margin);
+    for (name, retention) in retained {
+        sweep = sweep.retaining(*name, now - idle_for(*retention));
+    }
     while keep_going() {
         match tokio::time::timeout(BATCH_TIMEOUT, sweep.next_batch()).await {
             Err(_) => return Err(SweepError::TimedOut(BATCH_TIMEOUT)),
@@ -103,7 +113,7 @@ pub async fn sweep_once(
 /// batch, so a replica that loses leadership mid-sweep stops within one batch), then deletes
 /// usage past its retention, and logs and counts what happened.
 pub async fn tick(
-    (store, rules): (&Store, &rules::RulesService),
+    (store, rules, budgets): (&Store, &rules::RulesService, &RuleBudgets),
     (clock, status): (&dyn Clock, &ClockStatus),
     leadership: &Leadership,
     metrics: &Metrics,
@@ -117,7 +127,9 @@ pub async fn tick(
     let margin = 2 * status.max_skew();
     let swept = match status.check() {
         Ok(()) => {
-            sweep_once(store, clock, margin, || leadership.is_leader() && !shutdown.is_cancelled()).await
+            let retained = budgets.retained();
+            sweep_once(store, clock, margin, &retained, || leadership.is_leader() && !shutdown.is_cancelled())
+                .await
         }
         Err(untrusted) => Err(untrusted.into()),
     };
@@ -152,7 +164,7 @@ pub async fn tick(
 /// Sweeps when this replica becomes leader and every `interval` while it leads, until
 /// `shutdown`. A follower waits for leadership and never touches the table.
 pub async fn run(
-    (store, rules): (Store, rules::RulesService),
+    (store, rules, budgets): (Store, rules::RulesService, Arc<RuleBudgets>),
     (clock, status): (Arc<dyn Clock>, ClockStatus),
     mut leadership: Leadership,
     metrics: Metrics,
@@ -172,7 +184,7 @@ pub async fn run(
                 () = tokio::time::sleep(ratebudget::discipline::RETRY_INTERVAL) => {}
             }
         }
-        tick((&store, &rules), (clock.as_ref(), &status), &leadership, &metrics, &shutdown).await;
+        tick((&store, &rules, &budgets), (clock.as_ref(), &status), &leadership, &metrics, &shutdown).await;
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(interval) => {}

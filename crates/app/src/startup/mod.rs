@@ -347,7 +347,7 @@ impl Application {
         followers.push(Box::new(Revocations { cache: credentials, metrics: metrics.clone() }));
         followers.push(Box::new(SecretChanges(secret_cache, metrics.clone())));
         let rules = service::follow(
-            rule_budgets,
+            rule_budgets.clone(),
             sources.clone(),
             hearing,
             config.budgets.rules_poll_interval,
@@ -365,7 +365,7 @@ impl Application {
         tasks.add(
             sweep::LOOP_NAME,
             sweep::run(
-                (Store::new(background_pool), sources.rules),
+                (Store::new(background_pool), sources.rules, rule_budgets.clone()),
                 (time.clock.clone(), time.status.clone()),
                 leadership.clone(),
                 metrics.clone(),

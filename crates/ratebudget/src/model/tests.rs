@@ -77,3 +77,22 @@ fn covered_at_waits_for_a_clock_running_behind_to_reach_the_refill_instant() {
 fn refill_time_is_the_burst_over_the_rate() {
     assert_eq!(Limit::new(10.0, 20.0).unwrap().refill_time(), Duration::from_secs(2));
 }
+
+#[test]
+fn a_budget_of_any_period_refills_within_a_year_and_a_day() {
+    // 1,000 a day: over the hour, so not a `Limit::new`, and within a year.
+    let daily = 1000.0 / 86_400.0;
+    assert_eq!(Limit::new(daily, 1000.0).unwrap_err().field, "burst");
+    let limit = Limit::for_any_period(daily, 1000.0).unwrap();
+    assert_eq!(limit.refill_time().as_secs(), 86_400);
+    assert!(!limit.refills_within_the_idle_retention());
+    assert!(Limit::new(1.0, 3600.0).unwrap().refills_within_the_idle_retention());
+    // A year's quota fits; more than a year and a day does not.
+    assert!(Limit::for_any_period(1000.0 / (365.0 * 86_400.0), 1000.0).is_ok());
+    assert_eq!(Limit::for_any_period(1.0 / (367.0 * 86_400.0), 1.0).unwrap_err().field, "burst");
+    // The other rules are Limit::new's.
+    assert_eq!(Limit::for_any_period(0.0, 1.0).unwrap_err().field, "per_second");
+    assert_eq!(Limit::for_any_period(1.0, 0.0).unwrap_err().field, "burst");
+    assert_eq!(Limit::for_any_period(1.0, f64::NAN).unwrap_err().field, "burst");
+    assert_eq!(Limit::for_any_period(1e12, 2e15).unwrap_err().field, "burst");
+}

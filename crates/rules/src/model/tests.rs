@@ -161,3 +161,26 @@ fn actors_are_names_without_control_characters() {
         assert_eq!(Actor::new(bad.clone()).unwrap_err().field, "created_by", "{bad:?}");
     }
 }
+
+/// Issue 34, item 5: another service's rule may refill over a day, a week, a year; our own
+/// keep the sweep's hour.
+#[test]
+fn a_services_rule_may_take_up_to_a_year_and_a_day_to_refill_and_ours_an_hour() {
+    let service = |rate: f64, per_ms: i64, burst: f64| RuleDraft {
+        service: Some(crate::ServiceDraft {
+            service: "directory".into(),
+            api: None,
+            selector: vec![("tenant".into(), "*".into())],
+        }),
+        rate,
+        per_ms: Some(per_ms),
+        burst,
+        ..draft()
+    };
+    let daily = service(1000.0, 86_400_000, 1000.0).validate().unwrap();
+    assert_eq!(daily.limit().refill_time().as_secs(), 86_400);
+    // A year's quota, written per day.
+    assert!(service(1000.0 / 365.0, 86_400_000, 1000.0).validate().is_ok());
+    assert_eq!(service(1.0, 86_400_000, 367.0).validate().unwrap_err().field, "burst");
+    rejects(RuleDraft { rate: 1000.0, per_ms: Some(86_400_000), burst: 1000.0, ..draft() }, "burst");
+}

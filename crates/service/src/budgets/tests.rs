@@ -193,3 +193,51 @@ fn a_service_rule_that_may_grow_forgets_every_service_bucket() {
     assert!(budgets.has_service_rules("directory"));
     assert!(!budgets.has_service_rules("billing"));
 }
+
+/// Issue 34, item 5: the sweep keeps another service's buckets until its slowest rule has
+/// refilled them, and a year and a day before it knows the rules.
+#[test]
+fn the_sweep_keeps_a_services_buckets_for_its_slowest_refill() {
+    let budgets = budgets(Arc::new(Forgetting::default()));
+    assert_eq!(budgets.retained(), [(service_buckets(), ratebudget::Limit::MAX_REFILL_TIME)]);
+    let service_rule = |id: &str, rate: f64, per_ms: u32, burst: f64| {
+        let mut rule = own_rule(id, Scope::IngestNode, Selector::AllDomains, 1.0);
+        rule.spec = rules::RuleDraft {
+            service: Some(rules::ServiceDraft {
+                service: "directory".into(),
+                api: None,
+                selector: Vec::new(),
+            }),
+            scope: String::new(),
+            selector: Selector::AllDomains,
+            rate,
+            per_ms: Some(per_ms.into()),
+            burst,
+            algorithm: None,
+            mode: None,
+            fail_mode: None,
+            priority: None,
+        }
+        .validate()
+        .unwrap();
+        rule
+    };
+    // Within the hour, ours and theirs: nothing kept longer.
+    budgets.install_rules(Snapshot::compile(
+        1,
+        vec![
+            own_rule("ours", Scope::IngestNode, Selector::AllDomains, 1.0),
+            service_rule("fast", 10.0, 1000, 10.0),
+        ],
+    ));
+    assert!(budgets.retained().is_empty());
+    budgets.install_rules(Snapshot::compile(
+        2,
+        vec![
+            service_rule("fast", 10.0, 1000, 10.0),
+            service_rule("daily", 1000.0, 86_400_000, 1000.0),
+            service_rule("weekly", 7.0, 86_400_000, 49.0),
+        ],
+    ));
+    assert_eq!(budgets.retained(), [(service_buckets(), Duration::from_secs(7 * 86_400))]);
+}

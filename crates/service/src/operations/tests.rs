@@ -113,7 +113,7 @@ async fn a_reset_forgets_the_bucket_here_and_records_whose_it_was() {
     parts
         .buckets
         .expect_reset()
-        .withf(move |scope, key| *scope == Scope::IngestNode && *key == Key::from(node))
+        .withf(move |name, key| *name == Scope::IngestNode.name() && *key == Key::from(node))
         .times(1)
         .returning(|_, _| Ok(true));
     let (operations, audit) = parts.operations();
@@ -266,4 +266,62 @@ async fn a_rule_change_is_recorded_with_the_rule_and_the_version_it_made() {
     assert_eq!(entries[0].action, audit::Action::PutRule);
     assert_eq!(entries[0].subject.rule_id.as_deref(), Some("contoso"));
     assert_eq!(entries[0].subject.rule_version, Some(4));
+}
+
+#[tokio::test]
+async fn a_service_bucket_is_reset_by_the_rule_that_governs_its_descriptor_as_stored() {
+    let mut parts = Parts::new();
+    let rule = rules::RuleDraft {
+        service: Some(rules::ServiceDraft {
+            service: "directory".into(),
+            api: None,
+            selector: vec![("tenant".into(), "contoso".into())],
+        }),
+        scope: String::new(),
+        selector: rules::Selector::AllDomains,
+        rate: 1.0,
+        per_ms: None,
+        burst: 1.0,
+        algorithm: None,
+        mode: None,
+        fail_mode: None,
+        priority: None,
+    }
+    .validate()
+    .unwrap();
+    let stored = rules::Rule {
+        id: rules::RuleId::parse("contoso").unwrap(),
+        spec: rule,
+        version: rules::Version::new(3).unwrap(),
+        created_by: rules::Actor::new("test").unwrap(),
+        updated_at: Utc::now(),
+    };
+    parts.rules.expect_load().times(2).returning(move || Ok((7, vec![stored.clone()])));
+    let expected = crate::decide::runtime_key("directory", None, &[("tenant", "contoso")]);
+    parts
+        .buckets
+        .expect_reset()
+        .withf(move |name, key| *name == crate::budgets::service_buckets() && *key == expected)
+        .times(1)
+        .returning(|_, _| Ok(true));
+    let (operations, audit) = parts.operations();
+    let entry = |key: &str, value: &str| crate::decide::Entry { key: key.into(), value: value.into() };
+    // An entry the rule does not name does not change the bucket.
+    let reset = operations
+        .reset_service_bucket(operator(), "directory", &[entry("sku", "x1"), entry("tenant", "contoso")])
+        .await
+        .unwrap();
+    assert_eq!(reset.rule_id.as_str(), "contoso");
+    assert!(reset.existed);
+    let entries = audit.entries.lock().unwrap().clone();
+    assert_eq!(entries[0].action, audit::Action::ResetServiceBucket);
+    assert_eq!(
+        (entries[0].subject.rule_id.as_deref(), entries[0].subject.rule_version),
+        (Some("contoso"), Some(3))
+    );
+    // No rule governs another tenant: nothing reset, nothing recorded.
+    let refused =
+        operations.reset_service_bucket(operator(), "directory", &[entry("tenant", "fabrikam")]).await;
+    assert!(matches!(refused, Err(OperationError::Ungoverned { .. })), "{refused:?}");
+    assert_eq!(audit.entries.lock().unwrap().len(), 1);
 }
