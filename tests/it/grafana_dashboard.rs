@@ -201,7 +201,9 @@ async fn every_metric_and_label_the_grafana_dashboard_queries_is_one_the_service
 
     // A replica that has decided, refused, failed an authentication and swept, so that every
     // labelled family has a series to read labels from.
-    let replica = Replica::start(config(&connect, &[]), Arc::new(ManualClock::new(instant()))).await;
+    let decide_token = "grafana-decide-token-0123456789";
+    let knobs = [("PLEXSPHERE_DECIDE_TOKENS", "envoy:grafana-decide-token-0123456789")];
+    let replica = Replica::start(config(&connect, &knobs), Arc::new(ManualClock::new(instant()))).await;
     let domain = replica.create_domain("acme", None).await;
     let (_, token) = replica.enrol(&domain, "node-1").await;
     replica.put_secret(&domain, "k", "v").await;
@@ -209,6 +211,23 @@ async fn every_metric_and_label_the_grafana_dashboard_queries_is_one_the_service
         replica.get("/v1/secrets/k", Some(&token)).await;
     }
     assert_eq!(replica.get("/v1/secrets/k", Some("psn_wrong")).await.status, StatusCode::UNAUTHORIZED);
+    // And has decided for another service, by a rule (issue 34: the decide panels).
+    let rule =
+        serde_json::json!({ "service": "directory", "selector": { "tenant": "*" }, "rate": 1, "burst": 1 });
+    let put = replica.operator(reqwest::Method::PUT, "/v1/rules/directory-tenants", Some(rule)).await;
+    assert!(put.status.is_success(), "{put:?}");
+    let decide = serde_json::json!({ "domain": "directory", "descriptors": [{ "entries": [{ "key": "tenant", "value": "a" }] }] });
+    for _ in 0..2 {
+        let answer = replica
+            .request(
+                reqwest::Method::POST,
+                "/v1/decide",
+                Some(decide_token),
+                Some(decide.to_string().into_bytes()),
+            )
+            .await;
+        assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    }
     eventually(Duration::from_secs(10), "the leader swept once", || async {
         replica
             .get("/metrics", None)
@@ -253,6 +272,9 @@ async fn every_metric_and_label_the_grafana_dashboard_queries_is_one_the_service
         "plexsphere_rate_budget_precheck_buckets",
         "plexsphere_leader",
         "plexsphere_clock_offset_seconds",
+        "plexsphere_decide_decisions_total",
+        "plexsphere_decide_duration_seconds_bucket",
+        "plexsphere_decide_rule_decisions_total",
     ] {
         assert!(used.contains(metric), "the dashboard does not show {metric}");
     }

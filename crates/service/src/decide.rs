@@ -221,6 +221,8 @@ pub enum Outcome {
     OverLimit,
     /// The caller may not ask for the service.
     Forbidden,
+    /// Malformed as a message (no domain, a descriptor without entries): not decided.
+    Invalid,
     /// Not decided: the rules are not loaded, or the store could not decide.
     Error,
 }
@@ -232,18 +234,50 @@ impl Outcome {
             Outcome::Ok => "ok",
             Outcome::OverLimit => "over_limit",
             Outcome::Forbidden => "forbidden",
+            Outcome::Invalid => "invalid",
             Outcome::Error => "error",
         }
     }
 }
 
-/// Hears every request [`DecideService`] decides (a malformed one excepted), as
-/// [`ratebudget::Observer`] hears every take: the binary's metrics implement it.
+/// What one governed descriptor came to under its rule, as envoyproxy/ratelimit counts a
+/// rule's hits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Admitted, with more than a fifth of the burst left.
+    WithinLimit,
+    /// Admitted, with at most a fifth of the burst left (envoyproxy/ratelimit's near limit:
+    /// past 80% of the limit).
+    NearLimit,
+    /// Refused: over the limit.
+    OverLimit,
+    /// Over the limit of a SHADOW rule, and admitted.
+    ShadowOverLimit,
+}
+
+impl Verdict {
+    /// Its text, as the metrics label it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::WithinLimit => "within_limit",
+            Verdict::NearLimit => "near_limit",
+            Verdict::OverLimit => "over_limit",
+            Verdict::ShadowOverLimit => "shadow_over_limit",
+        }
+    }
+}
+
+/// Hears every request [`DecideService`] is asked, as [`ratebudget::Observer`] hears every
+/// take: the binary's metrics implement it.
 #[cfg_attr(test, mockall::automock)]
 pub trait DecideObserver: Send + Sync {
     /// `service` (the request's, when it has rules; `other` otherwise, so the labels stay a
-    /// bounded set) came to `outcome`.
-    fn decided(&self, service: &str, outcome: Outcome);
+    /// bounded set) came to `outcome`, in `took`.
+    fn decided(&self, service: &str, outcome: Outcome, took: Duration);
+
+    /// One descriptor of `service` governed by rule `rule` came to `verdict` (rules are
+    /// operator-written: a bounded set of labels).
+    fn ruled(&self, service: &str, rule: &str, verdict: Verdict);
 }
 
 /// Decides [`Request`]s: the rules (through the replica's [`RuleBudgets`]), the spender over the
@@ -275,18 +309,23 @@ impl DecideService {
     /// [`DecideError::NotLoaded`] before the rules are loaded, [`DecideError::Undecided`] when
     /// the store could not decide.
     pub async fn decide(&self, services: &rules::Services, request: &Request) -> Result<Answer, DecideError> {
+        let started = std::time::Instant::now();
         let outcome = self.decide_counted(services, request).await;
-        if !matches!(outcome, Err(DecideError::Invalid { .. })) {
-            let known = self.budgets.has_service_rules(&request.service);
-            let label = if known { request.service.as_str() } else { "other" };
-            let outcome = match &outcome {
-                Ok(answer) if answer.overall == Code::Ok => Outcome::Ok,
-                Ok(_) => Outcome::OverLimit,
-                Err(DecideError::Forbidden { .. }) => Outcome::Forbidden,
-                Err(_) => Outcome::Error,
-            };
-            self.observer.decided(label, outcome);
-        }
+        let known = self.budgets.has_service_rules(&request.service);
+        let label = if known { request.service.as_str() } else { "other" };
+        let counted = match &outcome {
+            Ok(answer) if answer.overall == Code::Ok => Outcome::Ok,
+            Ok(_) => Outcome::OverLimit,
+            Err(DecideError::Forbidden { .. }) => Outcome::Forbidden,
+            Err(invalid @ DecideError::Invalid { .. }) => {
+                // A misconfigured proxy sends these at its own rate: one line each at debug,
+                // and the count at every level.
+                tracing::debug!(service = label, error = %invalid, "a decide request malformed as a message was refused");
+                Outcome::Invalid
+            }
+            Err(_) => Outcome::Error,
+        };
+        self.observer.decided(label, counted, started.elapsed());
         outcome
     }
 
@@ -330,7 +369,17 @@ impl DecideService {
             [] => return Ok(Answer { overall: Code::Ok, statuses, headers: Vec::new() }),
             [(_, only, _)] => Take::Single(*only),
             [(_, first, _), (_, second, _)] => Take::Pair(*first, *second),
-            more => return Ok(too_many_limited(statuses, more)),
+            more => {
+                let answer = too_many_limited(statuses, more);
+                for (position, _, rule_id) in more {
+                    let verdict = match answer.statuses[*position].code {
+                        Code::OverLimit => Verdict::OverLimit,
+                        Code::Ok => Verdict::ShadowOverLimit,
+                    };
+                    self.observer.ruled(service, rule_id, verdict);
+                }
+                return Ok(answer);
+            }
         };
         let now = self.clock.now();
         let decision = self.spender.decide_at(take, now).await.map_err(DecideError::Undecided)?;
@@ -365,6 +414,23 @@ impl DecideService {
                 Decision::InsufficientCapacity(never) if never.which == at => status.code = Code::OverLimit,
                 Decision::Refused(_) | Decision::InsufficientCapacity(_) => {}
             }
+        }
+        for (slot, (position, spend, rule_id)) in limited.iter().enumerate() {
+            let status = &statuses[*position];
+            let verdict = match (&decision, status.code, status.limit_remaining) {
+                (_, Code::OverLimit, _) => Verdict::OverLimit,
+                // A SHADOW rule's refusal is admitted without a reading of its bucket.
+                (Decision::Granted(grant), Code::Ok, _)
+                    if spend.enforcement.is_shadow() && grant.remaining(which[slot]).is_none() =>
+                {
+                    Verdict::ShadowOverLimit
+                }
+                (_, Code::Ok, Some(left)) if f64::from(left) <= spend.limit.burst() / 5.0 => {
+                    Verdict::NearLimit
+                }
+                (_, Code::Ok, _) => Verdict::WithinLimit,
+            };
+            self.observer.ruled(service, rule_id, verdict);
         }
         if let (Decision::Granted(grant), Some((_, slot))) = (&decision, binding) {
             let (_, spend, rule_id) = &limited[slot];

@@ -97,6 +97,13 @@ struct ServiceLabels {
     outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RuleLabels {
+    service: String,
+    rule: String,
+    verdict: &'static str,
+}
+
 /// A budget by its name: one of this project's scopes, or the budget other services'
 /// decisions spend (names come from code, never from requests).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -151,6 +158,8 @@ pub struct Families {
     decisions: Family<DecisionLabels, Counter>,
     named_decisions: Family<NamedLabels, Counter>,
     service_decisions: Family<ServiceLabels, Counter>,
+    decide_duration: Histogram,
+    rule_decisions: Family<RuleLabels, Counter>,
     take_duration: Family<ScopeLabels, Histogram>,
     fallback_active: Family<ScopeLabels, Gauge>,
     connections_in_use: Family<PoolLabels, Gauge>,
@@ -221,8 +230,21 @@ impl Metrics {
         let service_decisions = Family::<ServiceLabels, Counter>::default();
         registry.register(
             "decide_decisions",
-            "Decisions for other services (POST /v1/decide, Envoy's ShouldRateLimit), by service (one with rules, else other) and outcome (ok, over_limit, error)",
+            "Decisions for other services (POST /v1/decide, Envoy's ShouldRateLimit), by service (one with rules, else other) and outcome (ok, over_limit, forbidden, invalid: malformed as a message, error)",
             service_decisions.clone(),
+        );
+        let decide_duration =
+            Histogram::new([0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]);
+        registry.register(
+            "decide_duration_seconds",
+            "How long a request for another service took to decide, from the rules to the answer",
+            decide_duration.clone(),
+        );
+        let rule_decisions = Family::<RuleLabels, Counter>::default();
+        registry.register(
+            "decide_rule_decisions",
+            "Descriptors of other services' requests, by service, governing rule and verdict (within_limit, near_limit: a fifth of the burst or less left, over_limit, shadow_over_limit), as envoyproxy/ratelimit counts a rule's hits",
+            rule_decisions.clone(),
         );
         let take_duration = Family::<ScopeLabels, Histogram>::new_with_constructor(|| {
             Histogram::new([0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0])
@@ -324,6 +346,8 @@ impl Metrics {
             decisions,
             named_decisions,
             service_decisions,
+            decide_duration,
+            rule_decisions,
             take_duration,
             fallback_active,
             connections_in_use,
@@ -486,7 +510,14 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl service::DecideObserver for Metrics {
-    fn decided(&self, service: &str, outcome: service::decide::Outcome) {
+    fn decided(&self, service: &str, outcome: service::decide::Outcome, took: Duration) {
         self.service_decision(service, outcome);
+        self.0.decide_duration.observe(took.as_secs_f64());
+    }
+
+    fn ruled(&self, service: &str, rule: &str, verdict: service::decide::Verdict) {
+        let labels =
+            RuleLabels { service: service.to_owned(), rule: rule.to_owned(), verdict: verdict.as_str() };
+        self.0.rule_decisions.get_or_create(&labels).inc();
     }
 }

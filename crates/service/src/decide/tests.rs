@@ -114,13 +114,18 @@ mod service {
         service: DecideService,
         store: Arc<Refusing>,
         heard: Arc<Mutex<Vec<(String, Outcome)>>>,
+        ruled: Arc<Mutex<Vec<(String, Verdict)>>>,
     }
 
-    struct Hearing(Arc<Mutex<Vec<(String, Outcome)>>>);
+    struct Hearing(Arc<Mutex<Vec<(String, Outcome)>>>, Arc<Mutex<Vec<(String, Verdict)>>>);
 
     impl DecideObserver for Hearing {
-        fn decided(&self, service: &str, outcome: Outcome) {
+        fn decided(&self, service: &str, outcome: Outcome, _: Duration) {
             self.0.lock().unwrap().push((service.to_owned(), outcome));
+        }
+
+        fn ruled(&self, _: &str, rule: &str, verdict: Verdict) {
+            self.1.lock().unwrap().push((rule.to_owned(), verdict));
         }
     }
 
@@ -146,8 +151,10 @@ mod service {
         let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(Utc::now()));
         let spender = Spender::new(store.clone(), clock.clone(), budgets.clone());
         let heard = Arc::new(Mutex::new(Vec::new()));
-        let service = DecideService::new(budgets, spender, clock, Arc::new(Hearing(heard.clone())));
-        Decided { service, store, heard }
+        let ruled = Arc::new(Mutex::new(Vec::new()));
+        let service =
+            DecideService::new(budgets, spender, clock, Arc::new(Hearing(heard.clone(), ruled.clone())));
+        Decided { service, store, heard, ruled }
     }
 
     fn request(descriptors: &[&[(&str, &str)]]) -> Request {
@@ -188,6 +195,12 @@ mod service {
         assert_eq!(first.key, runtime_key("directory", None, &[("tenant", "contoso")]), "sku is not named");
         assert_eq!(second.key, runtime_key("directory", None, &[("user", "alice")]));
         assert_eq!(*decided.heard.lock().unwrap(), [("directory".to_owned(), Outcome::OverLimit)]);
+        // Per rule: the refused one over its limit; the other, whose bucket the refusal left
+        // unread, within it.
+        assert_eq!(
+            *decided.ruled.lock().unwrap(),
+            [("per-tenant".to_owned(), Verdict::WithinLimit), ("per-user".to_owned(), Verdict::OverLimit)]
+        );
     }
 
     #[tokio::test]
@@ -241,7 +254,13 @@ mod service {
             assert!(matches!(refused, DecideError::Invalid { .. }), "{refused:?}");
         }
         assert!(decided.store.0.lock().unwrap().is_empty());
-        assert!(decided.heard.lock().unwrap().is_empty(), "a malformed request is not a decision");
+        let heard = decided.heard.lock().unwrap().clone();
+        assert_eq!(
+            heard,
+            [("other".to_owned(), Outcome::Invalid), ("directory".to_owned(), Outcome::Invalid)],
+            "counted, not decided"
+        );
+        assert!(decided.ruled.lock().unwrap().is_empty());
     }
 
     #[tokio::test]
