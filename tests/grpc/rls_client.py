@@ -6,7 +6,7 @@ server's generated code. Reads a JSON object from standard input:
     {"target": "127.0.0.1:8081", "calls": [
         {"token": "...", "domain": "directory", "hits_addend": 1,
          "descriptors": [{"entries": [["api", "GET /v1/users"], ["tenant", "contoso"]],
-                          "hits_addend": 2}]}]}
+                          "hits_addend": 2, "limit": {"requests_per_unit": 5, "unit": "MINUTE"}}]}]}
 
 makes each call in order on one channel, and prints one JSON array, an object per call: the
 gRPC status code's name, its details, and for an OK call the response (overall_code,
@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(sys.executable), "..", "rls"))
 import grpc  # noqa: E402
 from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2  # noqa: E402
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc  # noqa: E402
+from envoy.type.v3 import ratelimit_unit_pb2  # noqa: E402
 
 Response = rls_pb2.RateLimitResponse
 
@@ -40,6 +41,9 @@ def request_of(call):
         )
         if "hits_addend" in descriptor:
             message.hits_addend.value = descriptor["hits_addend"]
+        if "limit" in descriptor:
+            message.limit.requests_per_unit = descriptor["limit"]["requests_per_unit"]
+            message.limit.unit = ratelimit_unit_pb2.RateLimitUnit.Value(descriptor["limit"]["unit"])
         descriptors.append(message)
     return rls_pb2.RateLimitRequest(
         domain=call["domain"], descriptors=descriptors, hits_addend=call.get("hits_addend", 0)

@@ -1093,3 +1093,39 @@ async fn an_operator_resets_a_service_bucket_by_its_descriptor_and_every_replica
         .await;
     assert_eq!(as_caller.status, StatusCode::UNAUTHORIZED);
 }
+
+/// Issue 34, item 4: a descriptor's `limit` override (Envoy's `RateLimitOverride`, which its
+/// route configuration sets) replaces the rules' limit for that request, as envoyproxy/ratelimit
+/// applies it, in a bucket of its own: requests with an override never drain the bucket of
+/// those without, and `requests_per_unit: 0` refuses every request with nothing spent.
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
+async fn a_descriptors_limit_override_decides_in_a_bucket_of_its_own(_: PgPoolOptions, connect: PgConnectOptions) {
+    let clock = Arc::new(ManualClock::new(instant()));
+    let replica = service(&connect, clock, &[]).await;
+    let grpc = replica.grpc.unwrap();
+    rule(&replica, "contoso", directory_rule("GET /v1/users", &json!({ "tenant": "contoso" }), 10.0, 0)).await;
+    let contoso = [USERS, ("tenant", "contoso")];
+    let with_limit = |requests_per_unit: u32, unit: &str, hits: u64| {
+        let mut call = one(&contoso, hits);
+        call["descriptors"][0]["limit"] = json!({ "requests_per_unit": requests_per_unit, "unit": unit });
+        call
+    };
+    let answers = grpc::calls(
+        grpc,
+        json!([with_limit(3, "DAY", 3), with_limit(3, "DAY", 1), one(&contoso, 10), with_limit(0, "SECOND", 1)]),
+    )
+    .await;
+    // The override's 3 a day: its whole burst, then over; its limit as Envoy gave it.
+    assert_eq!(overall(&answers[0]), "OK");
+    assert_eq!(
+        status(&answers[0], 0)["current_limit"],
+        json!({ "name": "contoso", "requests_per_unit": 3, "unit": "DAY" })
+    );
+    assert_eq!(overall(&answers[1]), "OVER_LIMIT");
+    // The rule's own bucket was not touched: its 10 are all there.
+    assert_eq!(overall(&answers[2]), "OK", "{}", answers[2]);
+    assert_eq!(status(&answers[2], 0)["limit_remaining"], 0);
+    // An override of 0 refuses, whatever the buckets hold.
+    assert_eq!(overall(&answers[3]), "OVER_LIMIT");
+    assert_eq!(status(&answers[3], 0)["current_limit"]["requests_per_unit"], 0);
+}

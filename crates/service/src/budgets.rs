@@ -90,6 +90,14 @@ pub fn service_buckets() -> Name {
     *NAME.get_or_init(|| Name::new("service_requests").expect("a valid budget name"))
 }
 
+/// The budget the buckets of Envoy's limit overrides are under: an override says its own
+/// limit, up to a year's, so the sweep keeps these for a year and a day idle
+/// ([`RuleBudgets::retained`]) rather than judge them by rules they do not follow.
+pub fn override_buckets() -> Name {
+    static NAME: OnceLock<Name> = OnceLock::new();
+    *NAME.get_or_init(|| Name::new("service_overrides").expect("a valid budget name"))
+}
+
 /// A Domain's tier as the rules select by it: the same four, by the same text.
 pub fn rules_tier(tier: access::Tier) -> rules::Tier {
     match tier {
@@ -208,7 +216,8 @@ impl RuleBudgets {
     /// The names whose buckets the sweep must keep idle for longer than the hour, and for how
     /// long: every other service's buckets (they are one name) until the slowest of its rules
     /// has refilled them, which is the longest refill of any service rule this replica holds,
-    /// and a year and a day before the rules are loaded. Our own scopes' budgets refill within
+    /// and a year and a day before the rules are loaded; the buckets of Envoy's limit
+    /// overrides (which follow no rule) a year and a day. Our own scopes' budgets refill within
     /// the hour (`ratebudget::Limit::new`), so none of theirs is here.
     ///
     /// Whatever rule governs a bucket now, its tokens were not negative when last taken from,
@@ -229,10 +238,11 @@ impl RuleBudgets {
                 .max()
                 .unwrap_or_default(),
         };
+        let overrides = (override_buckets(), ratebudget::Limit::MAX_REFILL_TIME);
         if longest <= ratebudget::IDLE_RETENTION {
-            Vec::new()
+            vec![overrides]
         } else {
-            vec![(service_buckets(), longest)]
+            vec![(service_buckets(), longest), overrides]
         }
     }
 

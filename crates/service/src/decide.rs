@@ -29,7 +29,7 @@ use chrono::{DateTime, Utc};
 use ratebudget::{Clock, Decision, Fill, Key, Limit, Spend, Spender, Take, Undecided, Which};
 use sha2::{Digest, Sha256};
 
-use crate::budgets::{service_buckets, NotLoaded, RuleBudgets};
+use crate::budgets::{override_buckets, service_buckets, NotLoaded, RuleBudgets};
 
 /// The most descriptors of one request some rule may govern: they are decided together in one
 /// statement, which takes one bucket or two. A request with more is over the limit, nothing
@@ -52,6 +52,19 @@ pub struct Descriptor {
     pub entries: Vec<Entry>,
     /// This descriptor's cost, over the request's.
     pub hits_addend: Option<u64>,
+    /// Envoy's `limit` override: this request's limit instead of the rules', in a bucket of
+    /// its own ([`override_buckets`]).
+    pub limit: Option<Override>,
+}
+
+/// A descriptor's limit override (Envoy's `RateLimitOverride`, set by the proxy's route
+/// configuration): `requests_per_unit` a `unit`, as envoyproxy/ratelimit applies it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Override {
+    /// Requests per unit; 0 refuses every request.
+    pub requests_per_unit: u32,
+    /// The unit.
+    pub unit: Unit,
 }
 
 /// A request for decisions.
@@ -95,6 +108,12 @@ pub enum Unit {
     Hour,
     /// Per day.
     Day,
+    /// Per week (an override's only: a rule's rate is said in the units above).
+    Week,
+    /// Per month of 30 days, as envoyproxy/ratelimit counts one.
+    Month,
+    /// Per year of 365 days, as envoyproxy/ratelimit counts one.
+    Year,
 }
 
 impl Unit {
@@ -105,15 +124,29 @@ impl Unit {
             Unit::Minute => "MINUTE",
             Unit::Hour => "HOUR",
             Unit::Day => "DAY",
+            Unit::Week => "WEEK",
+            Unit::Month => "MONTH",
+            Unit::Year => "YEAR",
         }
     }
 
-    fn seconds(self) -> f64 {
+    /// A unit from Envoy's name for it.
+    pub fn parse(text: &str) -> Option<Unit> {
+        [Unit::Second, Unit::Minute, Unit::Hour, Unit::Day, Unit::Week, Unit::Month, Unit::Year]
+            .into_iter()
+            .find(|unit| unit.as_str().eq_ignore_ascii_case(text))
+    }
+
+    /// The unit in seconds.
+    pub fn seconds(self) -> f64 {
         match self {
             Unit::Second => 1.0,
             Unit::Minute => 60.0,
             Unit::Hour => 3600.0,
             Unit::Day => 86_400.0,
+            Unit::Week => 7.0 * 86_400.0,
+            Unit::Month => 30.0 * 86_400.0,
+            Unit::Year => 365.0 * 86_400.0,
         }
     }
 }
@@ -348,8 +381,43 @@ impl DecideService {
         let mut statuses = vec![Status::UNLIMITED; request.descriptors.len()];
         // Each limited descriptor: its position in the request, its spend, and its rule's id.
         let mut limited: Vec<(usize, Spend, &str)> = Vec::new();
+        let service_has_rules = compiled.snapshot.services().any(|known| known == service);
+        // Each override of `requests_per_unit: 0`: its position and limit (refused, no take).
+        let mut refuse_all: Vec<(usize, CurrentLimit)> = Vec::new();
         for (position, descriptor) in request.descriptors.iter().enumerate() {
-            let Some(governed) = governing_bucket(&compiled.snapshot, service, &descriptor.entries) else {
+            let governed = governing_bucket(&compiled.snapshot, service, &descriptor.entries);
+            // Envoy's override, for a service plexsphere decides for (as envoyproxy/ratelimit
+            // applies one for a domain it has configuration of): the override's limit, in a
+            // bucket keyed by every entry and the override, so requests with an override never
+            // drain the bucket of those without; the governing rule's fail mode, enforced.
+            if let Some(limit) = descriptor.limit.filter(|_| service_has_rules) {
+                let rule_id = governed.as_ref().map_or("", |governed| governed.rule.id.as_str());
+                let current = CurrentLimit {
+                    rule_id: rule_id.to_owned(),
+                    requests_per_unit: limit.requests_per_unit,
+                    unit: limit.unit,
+                };
+                let per_unit = f64::from(limit.requests_per_unit);
+                let Ok(budget) = Limit::for_any_period(per_unit / limit.unit.seconds(), per_unit) else {
+                    refuse_all.push((position, current));
+                    continue;
+                };
+                let enforcement = governed.as_ref().map_or(ratebudget::Enforcement::STRICT, |governed| {
+                    let policy = compiled.policies[governed.index];
+                    ratebudget::Enforcement { mode: ratebudget::Mode::Enforce, ..policy.enforcement }
+                });
+                let hits = descriptor.hits_addend.unwrap_or(request.hits_addend).max(1);
+                let spend = Spend {
+                    name: override_buckets(),
+                    key: override_key(service, &descriptor.entries, limit),
+                    cost: hits as f64,
+                    limit: budget,
+                    enforcement,
+                };
+                limited.push((position, spend, rule_id));
+                continue;
+            }
+            let Some(governed) = governed else {
                 continue;
             };
             // Every cost up to 2^53 is exact as a float, and above it a cost is above every
@@ -365,7 +433,16 @@ impl DecideService {
             };
             limited.push((position, spend, governed.rule.id.as_str()));
         }
+        for (position, current) in refuse_all {
+            statuses[position].code = Code::OverLimit;
+            statuses[position].current_limit = Some(current);
+        }
+        let refused_all = statuses.iter().any(|status| status.code == Code::OverLimit);
         let take = match limited.as_slice() {
+            // An override of 0 refuses the request whatever else it carries: nothing is spent.
+            _ if refused_all => {
+                return Ok(Answer { overall: Code::OverLimit, statuses, headers: Vec::new() });
+            }
             [] => return Ok(Answer { overall: Code::Ok, statuses, headers: Vec::new() }),
             [(_, only, _)] => Take::Single(*only),
             [(_, first, _), (_, second, _)] => Take::Pair(*first, *second),
@@ -388,7 +465,7 @@ impl DecideService {
         let mut binding: Option<(u32, usize)> = None;
         for (slot, (position, spend, rule_id)) in limited.iter().enumerate() {
             let status = &mut statuses[*position];
-            status.current_limit = Some(CurrentLimit::of(rule_id, spend.limit));
+            status.current_limit = Some(current_limit(&request.descriptors[*position], rule_id, spend.limit));
             let at = which[slot];
             match &decision {
                 Decision::Granted(grant) => {
@@ -459,6 +536,42 @@ fn too_many_limited(mut statuses: Vec<Status>, limited: &[(usize, Spend, &str)])
     let overall =
         if statuses.iter().any(|status| status.code == Code::OverLimit) { Code::OverLimit } else { Code::Ok };
     Answer { overall, statuses, headers: Vec::new() }
+}
+
+/// What a governed descriptor's status says of its limit: its override as Envoy gave it, else
+/// its rule's rate in the smallest unit in which it is whole.
+fn current_limit(descriptor: &Descriptor, rule_id: &str, limit: Limit) -> CurrentLimit {
+    match descriptor.limit {
+        Some(given) => CurrentLimit {
+            rule_id: rule_id.to_owned(),
+            requests_per_unit: given.requests_per_unit,
+            unit: given.unit,
+        },
+        None => CurrentLimit::of(rule_id, limit),
+    }
+}
+
+/// An override's bucket: SHA-256 over the service, every entry in order and the override,
+/// length-prefixed, under [`override_buckets`] (envoyproxy/ratelimit keys an override by the
+/// whole descriptor and its limit).
+pub fn override_key(service: &str, entries: &[Entry], limit: Override) -> Key {
+    let mut hash = Sha256::new();
+    let mut field = |text: &str| {
+        hash.update((text.len() as u64).to_be_bytes());
+        hash.update(text.as_bytes());
+    };
+    field("override");
+    field(service);
+    for entry in entries {
+        field(&entry.key);
+        field(&entry.value);
+    }
+    field(&limit.requests_per_unit.to_string());
+    field(limit.unit.as_str());
+    let digest = hash.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    Key::from(uuid::Uuid::from_u64_pair(0, u64::from_be_bytes(first)))
 }
 
 /// Whole tokens `fill` holds at `now` under `limit`, and how long until it is full again.

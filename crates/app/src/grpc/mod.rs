@@ -90,6 +90,9 @@ fn unit(unit: Unit) -> rate_limit::Unit {
         Unit::Minute => rate_limit::Unit::Minute,
         Unit::Hour => rate_limit::Unit::Hour,
         Unit::Day => rate_limit::Unit::Day,
+        Unit::Week => rate_limit::Unit::Week,
+        Unit::Month => rate_limit::Unit::Month,
+        Unit::Year => rate_limit::Unit::Year,
     }
 }
 
@@ -101,8 +104,8 @@ fn code(code: Code) -> rate_limit_response::Code {
 }
 
 /// The request as [`service::decide`] takes it. `hits_addend` of 0 means 1; a descriptor's own
-/// `hits_addend` replaces the request's; a descriptor's `limit` override is not honoured: the
-/// rules decide the limit, and a caller may not raise it.
+/// `hits_addend` replaces the request's; a descriptor's `limit` override (which Envoy's route
+/// configuration sets, never its client) is the limit of a bucket of its own.
 fn request_of(message: RateLimitRequest) -> decide::Request {
     decide::Request {
         service: message.domain,
@@ -118,6 +121,21 @@ fn request_of(message: RateLimitRequest) -> decide::Request {
                 // A descriptor's `is_negative_hits` asks to give tokens back: a caller may never
                 // refill a bucket, so it is not read.
                 hits_addend: descriptor.hits_addend.map(|hits| hits.value),
+                limit: descriptor.limit.and_then(|limit| {
+                    // Envoy's RateLimitUnit by number (WEEK, 7, came after envoy-types' copy of
+                    // the enum); an unknown unit is no override: the rules decide.
+                    let unit = match limit.unit {
+                        1 => Unit::Second,
+                        2 => Unit::Minute,
+                        3 => Unit::Hour,
+                        4 => Unit::Day,
+                        5 => Unit::Month,
+                        6 => Unit::Year,
+                        7 => Unit::Week,
+                        _ => return None,
+                    };
+                    Some(decide::Override { requests_per_unit: limit.requests_per_unit, unit })
+                }),
             })
             .collect(),
         hits_addend: u64::from(message.hits_addend),

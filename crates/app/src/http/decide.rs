@@ -21,7 +21,7 @@ use super::extract::{read_body, OPERATOR_BODY_LIMIT};
 use super::rule_routes::{rule_body, RuleBody};
 use super::state::AppState;
 use rules::Services;
-use service::decide::{Answer, Descriptor, Entry, Request, Status};
+use service::decide::{Answer, Descriptor, Entry, Override, Request, Status, Unit};
 
 /// A caller with a decide token, and the services it may ask for; extracting it answers 404
 /// while the decide API is off, and 401 for anyone without one.
@@ -65,6 +65,16 @@ struct DescriptorBody {
     entries: Vec<EntryBody>,
     #[serde(default)]
     hits_addend: Option<u64>,
+    #[serde(default)]
+    limit: Option<LimitOverrideBody>,
+}
+
+/// Envoy's `RateLimitOverride` as JSON: `{"requests_per_unit", "unit": "SECOND" ... "YEAR"}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitOverrideBody {
+    requests_per_unit: u32,
+    unit: String,
 }
 
 #[derive(Deserialize)]
@@ -149,15 +159,29 @@ pub(super) async fn decide(
         descriptors: parsed
             .descriptors
             .into_iter()
-            .map(|descriptor| Descriptor {
-                entries: descriptor
-                    .entries
-                    .into_iter()
-                    .map(|entry| Entry { key: entry.key, value: entry.value })
-                    .collect(),
-                hits_addend: descriptor.hits_addend,
+            .map(|descriptor| {
+                Ok(Descriptor {
+                    entries: descriptor
+                        .entries
+                        .into_iter()
+                        .map(|entry| Entry { key: entry.key, value: entry.value })
+                        .collect(),
+                    hits_addend: descriptor.hits_addend,
+                    limit: descriptor
+                        .limit
+                        .map(|limit| {
+                            let unit = Unit::parse(&limit.unit).ok_or_else(|| {
+                                ApiError::bad_request(format!(
+                                    "invalid limit unit {:?}: SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR",
+                                    limit.unit
+                                ))
+                            })?;
+                            Ok::<_, ApiError>(Override { requests_per_unit: limit.requests_per_unit, unit })
+                        })
+                        .transpose()?,
+                })
             })
-            .collect(),
+            .collect::<Result<Vec<_>, ApiError>>()?,
         hits_addend: parsed.hits_addend,
     };
     let answer = state.bounded("deciding", state.decide.decide(&services, &request)).await??;

@@ -168,6 +168,7 @@ mod service {
                         .map(|(key, value)| Entry { key: (*key).to_owned(), value: (*value).to_owned() })
                         .collect(),
                     hits_addend: None,
+                    limit: None,
                 })
                 .collect(),
             hits_addend: 0,
