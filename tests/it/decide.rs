@@ -1099,11 +1099,15 @@ async fn an_operator_resets_a_service_bucket_by_its_descriptor_and_every_replica
 /// applies it, in a bucket of its own: requests with an override never drain the bucket of
 /// those without, and `requests_per_unit: 0` refuses every request with nothing spent.
 #[sqlx::test(migrator = "app::migrations::MIGRATOR")]
-async fn a_descriptors_limit_override_decides_in_a_bucket_of_its_own(_: PgPoolOptions, connect: PgConnectOptions) {
+async fn a_descriptors_limit_override_decides_in_a_bucket_of_its_own(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
     let clock = Arc::new(ManualClock::new(instant()));
     let replica = service(&connect, clock, &[]).await;
     let grpc = replica.grpc.unwrap();
-    rule(&replica, "contoso", directory_rule("GET /v1/users", &json!({ "tenant": "contoso" }), 10.0, 0)).await;
+    rule(&replica, "contoso", directory_rule("GET /v1/users", &json!({ "tenant": "contoso" }), 10.0, 0))
+        .await;
     let contoso = [USERS, ("tenant", "contoso")];
     let with_limit = |requests_per_unit: u32, unit: &str, hits: u64| {
         let mut call = one(&contoso, hits);
@@ -1112,7 +1116,12 @@ async fn a_descriptors_limit_override_decides_in_a_bucket_of_its_own(_: PgPoolOp
     };
     let answers = grpc::calls(
         grpc,
-        json!([with_limit(3, "DAY", 3), with_limit(3, "DAY", 1), one(&contoso, 10), with_limit(0, "SECOND", 1)]),
+        json!([
+            with_limit(3, "DAY", 3),
+            with_limit(3, "DAY", 1),
+            one(&contoso, 10),
+            with_limit(0, "SECOND", 1)
+        ]),
     )
     .await;
     // The override's 3 a day: its whole burst, then over; its limit as Envoy gave it.
@@ -1128,4 +1137,59 @@ async fn a_descriptors_limit_override_decides_in_a_bucket_of_its_own(_: PgPoolOp
     // An override of 0 refuses, whatever the buckets hold.
     assert_eq!(overall(&answers[3]), "OVER_LIMIT");
     assert_eq!(status(&answers[3], 0)["current_limit"]["requests_per_unit"], 0);
+}
+
+/// Issue 34, item 6: stopping a replica (what SIGTERM does) drains the gRPC server as it
+/// drains HTTP: a call in flight finishes with its decision, and the port then takes no new
+/// call, so Envoy's next one goes to another replica.
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
+async fn stopping_a_replica_lets_a_grpc_call_in_flight_finish(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let clock = Arc::new(ManualClock::new(instant()));
+    // A decision may wait seconds for its row here, so the call in flight is decided, not timed out.
+    let knobs = [("PLEXSPHERE_DATABASE_TIMEOUT_MS", "10000"), ("PLEXSPHERE_DECISION_TIMEOUT_MS", "8000")];
+    let replica = service(&connect, clock, &knobs).await;
+    let grpc = replica.grpc.unwrap();
+    rule(&replica, "contoso", directory_rule("GET /v1/users", &json!({ "tenant": "contoso" }), 10.0, 0))
+        .await;
+    let contoso = [USERS, ("tenant", "contoso")];
+    assert_eq!(overall(&grpc::call(grpc, one(&contoso, 1)).await), "OK", "the bucket's row exists");
+
+    // Hold the bucket's row, so the next call's statement waits on it.
+    let pool = pool.connect_with(connect.clone()).await.unwrap();
+    let mut holding = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM plexsphere.rate_budgets WHERE scope = 'service_requests' FOR UPDATE")
+        .execute(&mut *holding)
+        .await
+        .unwrap();
+    let in_flight = tokio::spawn(grpc::call(grpc, one(&contoso, 1)));
+    eventually(Duration::from_secs(20), "the call's statement waits on the row", || {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+                > 0
+        }
+    })
+    .await;
+    let stopping = tokio::spawn(replica.stop());
+    // The replica is stopping before the call can be decided: its gRPC port takes no new
+    // connection, while the call in flight still waits on the row.
+    eventually(Duration::from_secs(20), "the gRPC port closes", || async {
+        tokio::net::TcpStream::connect(grpc).await.is_err()
+    })
+    .await;
+    assert!(!in_flight.is_finished(), "the call is still waiting on the row");
+    holding.commit().await.unwrap();
+    let answer = in_flight.await.unwrap();
+    assert_eq!(overall(&answer), "OK", "the call in flight was decided: {answer}");
+    stopping.await.unwrap();
+    let refused = grpc::call(grpc, one(&contoso, 1)).await;
+    assert_eq!(refused["grpc"], "UNAVAILABLE", "a stopped replica takes no call: {refused}");
 }
