@@ -1193,3 +1193,31 @@ async fn stopping_a_replica_lets_a_grpc_call_in_flight_finish(
     let refused = grpc::call(grpc, one(&contoso, 1)).await;
     assert_eq!(refused["grpc"], "UNAVAILABLE", "a stopped replica takes no call: {refused}");
 }
+
+/// Found in review: two rules naming the same attributes (`sku` exactly and `tenant` as `*`,
+/// and the other way round) govern the same values by the entries' order. Keyed by the
+/// attributes alone, both descriptors of one request named one bucket under two limits: a
+/// take the store refuses as bad input, which answered UNAVAILABLE, and Envoy admits. Each
+/// rule's buckets are its own now, so the request is decided.
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
+async fn two_rules_naming_the_same_attributes_never_share_a_bucket(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let clock = Arc::new(ManualClock::new(instant()));
+    let replica = service(&connect, clock, &[]).await;
+    let grpc = replica.grpc.unwrap();
+    rule(&replica, "premium", directory_rule("*", &json!({ "sku": "premium", "tenant": "*" }), 1.0, 0)).await;
+    rule(&replica, "acme", directory_rule("*", &json!({ "sku": "*", "tenant": "acme" }), 100.0, 0)).await;
+    let both = json!({ "token": DECIDE_TOKEN, "domain": "directory", "descriptors": [
+        { "entries": [["tenant", "acme"], ["sku", "premium"]] },
+        { "entries": [["sku", "premium"], ["tenant", "acme"]] },
+    ]});
+    let answers = grpc::calls(grpc, json!([both.clone(), both])).await;
+    assert_eq!(overall(&answers[0]), "OK", "{}", answers[0]);
+    assert_eq!(status(&answers[0], 0)["current_limit"]["name"], "premium");
+    assert_eq!(status(&answers[0], 1)["current_limit"]["name"], "acme");
+    // The premium rule's one token is spent; acme's bucket is its own.
+    assert_eq!(overall(&answers[1]), "OVER_LIMIT", "{}", answers[1]);
+    assert_eq!(status(&answers[1], 0)["code"], "OVER_LIMIT");
+}

@@ -223,12 +223,14 @@ impl RuleBudgets {
     /// Whatever rule governs a bucket now, its tokens were not negative when last taken from,
     /// so once idle for the longest refill of the current rules it is full under any of them:
     /// deleting it is what the next take would mint. A rule that slows a refill is heard by
-    /// the sweeping leader within a second, as by every replica.
-    pub fn retained(&self) -> Vec<(Name, Duration)> {
+    /// the sweeping leader within a second, as by every replica; a snapshot not confirmed
+    /// current within `fresh_within` (the listener down and the poll failing) is not trusted
+    /// to say how slow the rules are, and the buckets are kept a year and a day.
+    pub fn retained(&self, fresh_within: Duration) -> Vec<(Name, Duration)> {
         let state = read(&self.state);
+        let fresh = state.confirmed_at.is_some_and(|at| at.elapsed() <= fresh_within);
         let longest = match &state.rules {
-            None => ratebudget::Limit::MAX_REFILL_TIME,
-            Some(rules) => rules
+            Some(rules) if fresh => rules
                 .snapshot
                 .rules()
                 .iter()
@@ -237,6 +239,7 @@ impl RuleBudgets {
                 .map(|(_, policy)| policy.limit.refill_time())
                 .max()
                 .unwrap_or_default(),
+            _ => ratebudget::Limit::MAX_REFILL_TIME,
         };
         let overrides = (override_buckets(), ratebudget::Limit::MAX_REFILL_TIME);
         if longest <= ratebudget::IDLE_RETENTION {

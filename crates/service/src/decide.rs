@@ -163,18 +163,27 @@ pub struct CurrentLimit {
 }
 
 impl CurrentLimit {
-    /// `limit`'s rate in the smallest of second, minute, hour and day in which it is a whole
-    /// number of requests (1 per 60,000 ms is 1 a MINUTE, 50 a second 50 a SECOND), else per
-    /// second rounded down.
+    /// `limit`'s rate in the smallest of second, minute, hour, day, week, month and year in
+    /// which it is a whole number of requests (1 per 60,000 ms is 1 a MINUTE, 50 a second 50 a
+    /// SECOND), else rounded down in the smallest in which it is at least one request.
     pub fn of(rule_id: &str, limit: Limit) -> CurrentLimit {
         let per_second = limit.per_second();
-        let whole = [Unit::Second, Unit::Minute, Unit::Hour, Unit::Day].into_iter().find_map(|unit| {
+        let units = [Unit::Second, Unit::Minute, Unit::Hour, Unit::Day, Unit::Week, Unit::Month, Unit::Year];
+        let whole = units.into_iter().find_map(|unit| {
             let count = per_second * unit.seconds();
             let nearest = count.round();
             // Rates come from a rule's `rate / (per_ms / 1000)`: allow the division's last bit.
             ((count - nearest).abs() <= 1e-9 * nearest.max(1.0) && nearest >= 1.0).then_some((nearest, unit))
         });
-        let (count, unit) = whole.unwrap_or((per_second.floor(), Unit::Second));
+        // Else, rounded down, in the smallest unit that holds at least one request: never a
+        // limit of 0 for a rate that admits some (a week's quota written as a day's fraction).
+        let (count, unit) = whole.unwrap_or_else(|| {
+            units
+                .into_iter()
+                .map(|unit| ((per_second * unit.seconds()).floor(), unit))
+                .find(|(count, _)| *count >= 1.0)
+                .unwrap_or((0.0, Unit::Second))
+        });
         CurrentLimit {
             rule_id: rule_id.to_owned(),
             requests_per_unit: if count >= f64::from(u32::MAX) { u32::MAX } else { count as u32 },
@@ -286,6 +295,9 @@ pub enum Verdict {
     OverLimit,
     /// Over the limit of a SHADOW rule, and admitted.
     ShadowOverLimit,
+    /// Not decided: one of more governed descriptors than one statement takes (the enforced
+    /// ones are over the limit, a SHADOW rule's admitted).
+    NotDecided,
 }
 
 impl Verdict {
@@ -296,6 +308,7 @@ impl Verdict {
             Verdict::NearLimit => "near_limit",
             Verdict::OverLimit => "over_limit",
             Verdict::ShadowOverLimit => "shadow_over_limit",
+            Verdict::NotDecided => "not_decided",
         }
     }
 }
@@ -448,12 +461,8 @@ impl DecideService {
             [(_, first, _), (_, second, _)] => Take::Pair(*first, *second),
             more => {
                 let answer = too_many_limited(statuses, more);
-                for (position, _, rule_id) in more {
-                    let verdict = match answer.statuses[*position].code {
-                        Code::OverLimit => Verdict::OverLimit,
-                        Code::Ok => Verdict::ShadowOverLimit,
-                    };
-                    self.observer.ruled(service, rule_id, verdict);
+                for (_, _, rule_id) in more.iter().filter(|(_, _, rule_id)| !rule_id.is_empty()) {
+                    self.observer.ruled(service, rule_id, Verdict::NotDecided);
                 }
                 return Ok(answer);
             }
@@ -507,7 +516,10 @@ impl DecideService {
                 }
                 (_, Code::Ok, _) => Verdict::WithinLimit,
             };
-            self.observer.ruled(service, rule_id, verdict);
+            // An override that no rule governs counts under no rule.
+            if !rule_id.is_empty() {
+                self.observer.ruled(service, rule_id, verdict);
+            }
         }
         if let (Decision::Granted(grant), Some((_, slot))) = (&decision, binding) {
             let (_, spend, rule_id) = &limited[slot];
@@ -626,14 +638,18 @@ pub fn governing_bucket<'s>(
     let governing = snapshot.matching(service, api, &attributes).into_iter().next()?;
     let keyed_by = snapshot.keyed_by(governing.index, &attributes)?;
     let api = if governing.names_the_api { api } else { None };
-    Some(Governed { index: governing.index, rule: governing.rule, key: runtime_key(service, api, &keyed_by) })
+    Some(Governed {
+        index: governing.index,
+        rule: governing.rule,
+        key: runtime_key(service, governing.rule.id.as_str(), api, &keyed_by),
+    })
 }
 
-/// A governed descriptor's bucket: the first 64 bits of SHA-256 over the service, the API if
-/// the governing rule names one, and each attribute the rule names with the request's value
+/// A governed descriptor's bucket: the first 64 bits of SHA-256 over the service, the governing
+/// rule, the API if the rule names one, and each attribute the rule names with the request's value
 /// for it ([`rules::Snapshot::keyed_by`]), each field length-prefixed so no two buckets write
 /// the same bytes. What the rule does not name is not hashed, so it never splits the bucket.
-pub fn runtime_key(service: &str, api: Option<&str>, keyed_by: &[(&str, &str)]) -> Key {
+pub fn runtime_key(service: &str, rule: &str, api: Option<&str>, keyed_by: &[(&str, &str)]) -> Key {
     let mut hash = Sha256::new();
     let mut field = |text: &str| {
         hash.update((text.len() as u64).to_be_bytes());
@@ -643,6 +659,11 @@ pub fn runtime_key(service: &str, api: Option<&str>, keyed_by: &[(&str, &str)]) 
     // buckets are only ever abandoned to the sweep.
     field("rule-keyed");
     field(service);
+    // Each rule its own buckets: two rules naming the same attributes (one with `tenant: *`,
+    // another with `sku: *`) may govern the same values by the entries' order, and must not
+    // share a row under two limits (a pair of them would be a take the store refuses, which
+    // Envoy admits).
+    field(rule);
     match api {
         Some(api) => {
             field("api");

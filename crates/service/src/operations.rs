@@ -259,7 +259,8 @@ impl Operations {
 
     /// Creates a Domain. Its own issuance budget is its issuance override rule
     /// (`domain-<id>-issuance`), written first, under the Domain's id-to-be: if the Domain is
-    /// then not stored, the rule governs no Domain and is deleted again, whereas a Domain
+    /// then refused (its name taken), the rule governs no Domain and is deleted again (a store
+    /// that could not answer may have stored the Domain, so its rule stays), whereas a Domain
     /// stored without its rule would be governed by the default. Every field is checked
     /// before either is written.
     ///
@@ -285,7 +286,11 @@ impl Operations {
         let domain = match created {
             Ok(domain) => domain,
             Err(refused) => {
-                if let Some((rule_id, version, rules_actor)) = written_override {
+                // Only a refusal leaves no Domain behind: a store that could not answer may
+                // have stored it, and deleting its override would leave it governed by the
+                // looser default. The rule governs only this id, so keeping it costs nothing.
+                let stored_nothing = matches!(refused, access::CreateDomainError::NameTaken { .. });
+                if let Some((rule_id, version, rules_actor)) = written_override.filter(|_| stored_nothing) {
                     // It governs an id nothing has; deleting it only keeps the rules tidy, so
                     // a failure here is logged and the caller hears of the Domain's refusal.
                     if let Err(error) = self.rules.delete(&rule_id, version, &rules_actor).await {
@@ -481,6 +486,10 @@ impl Operations {
         service: &str,
         entries: &[crate::decide::Entry],
     ) -> Result<ServiceReset, OperationError> {
+        if service == rules::OWN_SERVICE {
+            // Our own budgets' buckets are a Node's or a Domain's: `reset_budget` resets them.
+            return Err(OperationError::Ungoverned { service: service.to_owned() });
+        }
         let snapshot = match &self.replica {
             Some(replica) => match replica.budgets.compiled_rules() {
                 Ok(compiled) => compiled,

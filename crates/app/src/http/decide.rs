@@ -159,29 +159,23 @@ pub(super) async fn decide(
         descriptors: parsed
             .descriptors
             .into_iter()
-            .map(|descriptor| {
-                Ok(Descriptor {
-                    entries: descriptor
-                        .entries
-                        .into_iter()
-                        .map(|entry| Entry { key: entry.key, value: entry.value })
-                        .collect(),
-                    hits_addend: descriptor.hits_addend,
-                    limit: descriptor
-                        .limit
-                        .map(|limit| {
-                            let unit = Unit::parse(&limit.unit).ok_or_else(|| {
-                                ApiError::bad_request(format!(
-                                    "invalid limit unit {:?}: SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR",
-                                    limit.unit
-                                ))
-                            })?;
-                            Ok::<_, ApiError>(Override { requests_per_unit: limit.requests_per_unit, unit })
-                        })
-                        .transpose()?,
-                })
+            .map(|descriptor| Descriptor {
+                entries: descriptor
+                    .entries
+                    .into_iter()
+                    .map(|entry| Entry { key: entry.key, value: entry.value })
+                    .collect(),
+                hits_addend: descriptor.hits_addend,
+                // An override in a unit Envoy does not name is no override, as over gRPC: the
+                // rules decide, rather than an error Envoy would admit.
+                limit: descriptor.limit.and_then(|limit| {
+                    Some(Override {
+                        requests_per_unit: limit.requests_per_unit,
+                        unit: Unit::parse(&limit.unit)?,
+                    })
+                }),
             })
-            .collect::<Result<Vec<_>, ApiError>>()?,
+            .collect(),
         hits_addend: parsed.hits_addend,
     };
     let answer = state.bounded("deciding", state.decide.decide(&services, &request)).await??;

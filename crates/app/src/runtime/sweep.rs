@@ -113,7 +113,7 @@ pub async fn sweep_once(
 /// batch, so a replica that loses leadership mid-sweep stops within one batch), then deletes
 /// usage past its retention, and logs and counts what happened.
 pub async fn tick(
-    (store, rules, budgets): (&Store, &rules::RulesService, &RuleBudgets),
+    (store, rules, budgets, rules_fresh_within): (&Store, &rules::RulesService, &RuleBudgets, Duration),
     (clock, status): (&dyn Clock, &ClockStatus),
     leadership: &Leadership,
     metrics: &Metrics,
@@ -127,7 +127,7 @@ pub async fn tick(
     let margin = 2 * status.max_skew();
     let swept = match status.check() {
         Ok(()) => {
-            let retained = budgets.retained();
+            let retained = budgets.retained(rules_fresh_within);
             sweep_once(store, clock, margin, &retained, || leadership.is_leader() && !shutdown.is_cancelled())
                 .await
         }
@@ -164,7 +164,7 @@ pub async fn tick(
 /// Sweeps when this replica becomes leader and every `interval` while it leads, until
 /// `shutdown`. A follower waits for leadership and never touches the table.
 pub async fn run(
-    (store, rules, budgets): (Store, rules::RulesService, Arc<RuleBudgets>),
+    (store, rules, budgets, rules_fresh_within): (Store, rules::RulesService, Arc<RuleBudgets>, Duration),
     (clock, status): (Arc<dyn Clock>, ClockStatus),
     mut leadership: Leadership,
     metrics: Metrics,
@@ -184,7 +184,14 @@ pub async fn run(
                 () = tokio::time::sleep(ratebudget::discipline::RETRY_INTERVAL) => {}
             }
         }
-        tick((&store, &rules, &budgets), (clock.as_ref(), &status), &leadership, &metrics, &shutdown).await;
+        tick(
+            (&store, &rules, &budgets, rules_fresh_within),
+            (clock.as_ref(), &status),
+            &leadership,
+            &metrics,
+            &shutdown,
+        )
+        .await;
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(interval) => {}

@@ -365,7 +365,14 @@ impl Application {
         tasks.add(
             sweep::LOOP_NAME,
             sweep::run(
-                (Store::new(background_pool), sources.rules, rule_budgets.clone()),
+                // The snapshot must have been confirmed current within two polls for the sweep
+                // to judge by it how long other services' buckets take to refill.
+                (
+                    Store::new(background_pool),
+                    sources.rules,
+                    rule_budgets.clone(),
+                    config.budgets.rules_poll_interval * 2,
+                ),
                 (time.clock.clone(), time.status.clone()),
                 leadership.clone(),
                 metrics.clone(),

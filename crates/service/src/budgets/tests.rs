@@ -200,7 +200,10 @@ fn a_service_rule_that_may_grow_forgets_every_service_bucket() {
 fn the_sweep_keeps_a_services_buckets_for_its_slowest_refill() {
     let budgets = budgets(Arc::new(Forgetting::default()));
     let overrides = (override_buckets(), ratebudget::Limit::MAX_REFILL_TIME);
-    assert_eq!(budgets.retained(), [(service_buckets(), ratebudget::Limit::MAX_REFILL_TIME), overrides]);
+    assert_eq!(
+        budgets.retained(Duration::from_secs(60)),
+        [(service_buckets(), ratebudget::Limit::MAX_REFILL_TIME), overrides]
+    );
     let service_rule = |id: &str, rate: f64, per_ms: u32, burst: f64| {
         let mut rule = own_rule(id, Scope::IngestNode, Selector::AllDomains, 1.0);
         rule.spec = rules::RuleDraft {
@@ -231,7 +234,11 @@ fn the_sweep_keeps_a_services_buckets_for_its_slowest_refill() {
             service_rule("fast", 10.0, 1000, 10.0),
         ],
     ));
-    assert_eq!(budgets.retained(), [overrides], "only the overrides, which follow no rule");
+    assert_eq!(
+        budgets.retained(Duration::from_secs(60)),
+        [overrides],
+        "only the overrides, which follow no rule"
+    );
     budgets.install_rules(Snapshot::compile(
         2,
         vec![
@@ -240,5 +247,14 @@ fn the_sweep_keeps_a_services_buckets_for_its_slowest_refill() {
             service_rule("weekly", 7.0, 86_400_000, 49.0),
         ],
     ));
-    assert_eq!(budgets.retained(), [(service_buckets(), Duration::from_secs(7 * 86_400)), overrides]);
+    assert_eq!(
+        budgets.retained(Duration::from_secs(60)),
+        [(service_buckets(), Duration::from_secs(7 * 86_400)), overrides]
+    );
+    // A snapshot not confirmed current lately does not say how slow the rules are.
+    assert_eq!(
+        budgets.retained(Duration::ZERO),
+        [(service_buckets(), ratebudget::Limit::MAX_REFILL_TIME), overrides],
+        "kept a year and a day"
+    );
 }

@@ -11,26 +11,33 @@ fn a_limit_is_said_in_the_smallest_unit_in_which_it_is_whole() {
     assert_eq!(said(1.0 / 60.0), (1, Unit::Minute));
     assert_eq!(said(2.5), (150, Unit::Minute));
     assert_eq!(said(1.0 / 3600.0 * 7.0), (7, Unit::Hour));
-    // 1/7 a second is no whole number in any unit: per second, rounded down.
-    assert_eq!(said(1.0 / 7.0), (0, Unit::Second));
+    // 1/13 a second is no whole number in any unit: rounded down in the smallest unit that
+    // holds a request (it was 0 a SECOND, which tells Envoy nothing is admitted).
+    assert_eq!(said(1.0 / 13.0), (4, Unit::Minute));
+    // 1/7 a second is a whole 86,400 a week.
+    assert_eq!(said(1.0 / 7.0), (86_400, Unit::Week));
+    // 1,000 a week, written as a day's fraction: a whole 1,000 a WEEK.
+    assert_eq!(said(1000.0 / (7.0 * 86_400.0)), (1000, Unit::Week));
 }
 
 #[test]
 fn a_bucket_is_its_service_the_rules_api_and_the_attributes_it_names() {
     let contoso = [("tenant", "contoso")];
-    let key = runtime_key("directory", Some("GET /v1/users"), &contoso);
-    assert_eq!(key, runtime_key("directory", Some("GET /v1/users"), &contoso));
-    assert_ne!(key, runtime_key("billing", Some("GET /v1/users"), &contoso));
+    let key = runtime_key("directory", "r", Some("GET /v1/users"), &contoso);
+    assert_eq!(key, runtime_key("directory", "r", Some("GET /v1/users"), &contoso));
+    assert_ne!(key, runtime_key("billing", "r", Some("GET /v1/users"), &contoso));
     assert_ne!(
         key,
-        runtime_key("directory", None, &contoso),
+        runtime_key("directory", "r", None, &contoso),
         "a rule for every API is one bucket across them"
     );
-    assert_ne!(key, runtime_key("directory", Some("GET /v1/users"), &[("tenant", "fabrikam")]));
+    assert_ne!(key, runtime_key("directory", "r", Some("GET /v1/users"), &[("tenant", "fabrikam")]));
     // Length prefixes: moving a boundary between key and value is another bucket.
-    assert_ne!(runtime_key("s", None, &[("ab", "c")]), runtime_key("s", None, &[("a", "bc")]));
+    assert_ne!(runtime_key("s", "r", None, &[("ab", "c")]), runtime_key("s", "r", None, &[("a", "bc")]));
     // An API named `*` is not the same as no API named.
-    assert_ne!(runtime_key("s", Some("*"), &[]), runtime_key("s", None, &[]));
+    assert_ne!(runtime_key("s", "r", Some("*"), &[]), runtime_key("s", "r", None, &[]));
+    // Each rule its own buckets.
+    assert_ne!(runtime_key("s", "a", None, &[("t", "x")]), runtime_key("s", "b", None, &[("t", "x")]));
     assert_eq!(key.as_uuid().as_u64_pair().0, 0, "64 bits");
 }
 
@@ -193,8 +200,12 @@ mod service {
         assert!(answer.headers.contains(&("retry-after", "1".to_owned())));
         let takes = decided.store.0.lock().unwrap().clone();
         let [Take::Pair(first, second)] = takes.as_slice() else { panic!("one pair: {takes:?}") };
-        assert_eq!(first.key, runtime_key("directory", None, &[("tenant", "contoso")]), "sku is not named");
-        assert_eq!(second.key, runtime_key("directory", None, &[("user", "alice")]));
+        assert_eq!(
+            first.key,
+            runtime_key("directory", "per-tenant", None, &[("tenant", "contoso")]),
+            "sku is not named"
+        );
+        assert_eq!(second.key, runtime_key("directory", "per-user", None, &[("user", "alice")]));
         assert_eq!(*decided.heard.lock().unwrap(), [("directory".to_owned(), Outcome::OverLimit)]);
         // Per rule: the refused one over its limit; the other, whose bucket the refusal left
         // unread, within it.

@@ -297,7 +297,7 @@ async fn a_service_bucket_is_reset_by_the_rule_that_governs_its_descriptor_as_st
         updated_at: Utc::now(),
     };
     parts.rules.expect_load().times(2).returning(move || Ok((7, vec![stored.clone()])));
-    let expected = crate::decide::runtime_key("directory", None, &[("tenant", "contoso")]);
+    let expected = crate::decide::runtime_key("directory", "contoso", None, &[("tenant", "contoso")]);
     parts
         .buckets
         .expect_reset()
@@ -324,4 +324,35 @@ async fn a_service_bucket_is_reset_by_the_rule_that_governs_its_descriptor_as_st
         operations.reset_service_bucket(operator(), "directory", &[entry("tenant", "fabrikam")]).await;
     assert!(matches!(refused, Err(OperationError::Ungoverned { .. })), "{refused:?}");
     assert_eq!(audit.entries.lock().unwrap().len(), 1);
+}
+
+/// Found in review: a Domain whose store did not answer may have been stored; deleting its
+/// issuance override would leave it governed by the looser default.
+#[tokio::test]
+async fn a_domain_the_store_may_have_stored_keeps_its_issuance_override() {
+    let mut parts = Parts::new();
+    parts.access.expect_insert_domain().times(1).returning(|_| {
+        Err(access::InsertDomainError::Unavailable(access::RepositoryError("the connection dropped".into())))
+    });
+    parts.rules.expect_create().times(1).returning(|id, spec, actor| {
+        Ok(rules::Created::Created(rules::Rule {
+            id: id.clone(),
+            spec: spec.clone(),
+            version: rules::Version::new(1).unwrap(),
+            created_by: actor.clone(),
+            updated_at: Utc::now(),
+        }))
+    });
+    parts.rules.expect_delete().times(0);
+    let (operations, _) = parts.operations();
+    let new = NewDomain {
+        name: access::DomainName::parse("acme").unwrap(),
+        tier: access::Tier::DEFAULT,
+        issuance: Some(Limit::new(1.0, 1.0).unwrap()),
+    };
+    let failed = operations.create_domain(operator(), new).await.unwrap_err();
+    assert!(
+        matches!(failed, OperationError::CreateDomain(access::CreateDomainError::Unavailable(_))),
+        "{failed:?}"
+    );
 }
