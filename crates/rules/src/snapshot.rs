@@ -244,6 +244,11 @@ impl Snapshot {
         &self.rules
     }
 
+    /// Whether `service` has rules: one hash lookup, for every decision.
+    pub fn has_service(&self, service: &str) -> bool {
+        self.services.contains_key(service)
+    }
+
     /// The services that have rules (this project's own among them when it has any).
     pub fn services(&self) -> impl Iterator<Item = &str> {
         self.services.keys().map(|service| &**service)

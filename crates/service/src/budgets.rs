@@ -119,15 +119,10 @@ pub struct CompiledRules {
 
 impl CompiledRules {
     /// `snapshot` with each rule's policy, numbered by `refs` (usage counts name rules by
-    /// these numbers; a caller that counts no usage may use fresh ones).
-    pub fn with_refs(snapshot: Snapshot, refs: &RuleRefs) -> CompiledRules {
+    /// these numbers).
+    fn with_refs(snapshot: Snapshot, refs: &RuleRefs) -> CompiledRules {
         let policies = snapshot.rules().iter().map(|rule| rule.spec.policy(refs.intern(&rule.id))).collect();
         CompiledRules { snapshot, policies }
-    }
-
-    /// `snapshot` with each rule's policy, for a caller that counts no usage.
-    pub fn of(snapshot: Snapshot) -> CompiledRules {
-        CompiledRules::with_refs(snapshot, &RuleRefs::default())
     }
 }
 
@@ -201,10 +196,7 @@ impl RuleBudgets {
 
     /// Whether `service` has rules in the snapshot held (a bounded set of metric labels).
     pub fn has_service_rules(&self, service: &str) -> bool {
-        read(&self.state)
-            .rules
-            .as_ref()
-            .is_some_and(|rules| rules.snapshot.services().any(|known| known == service))
+        read(&self.state).rules.as_ref().is_some_and(|rules| rules.snapshot.has_service(service))
     }
 
     /// Whether the rules and tiers have been loaded: the replica decides only then.

@@ -394,7 +394,7 @@ impl DecideService {
         let mut statuses = vec![Status::UNLIMITED; request.descriptors.len()];
         // Each limited descriptor: its position in the request, its spend, and its rule's id.
         let mut limited: Vec<(usize, Spend, &str)> = Vec::new();
-        let service_has_rules = compiled.snapshot.services().any(|known| known == service);
+        let service_has_rules = compiled.snapshot.has_service(service);
         // Each override of `requests_per_unit: 0`: its position and limit (refused, no take).
         let mut refuse_all: Vec<(usize, CurrentLimit)> = Vec::new();
         for (position, descriptor) in request.descriptors.iter().enumerate() {
@@ -567,23 +567,9 @@ fn current_limit(descriptor: &Descriptor, rule_id: &str, limit: Limit) -> Curren
 /// length-prefixed, under [`override_buckets`] (envoyproxy/ratelimit keys an override by the
 /// whole descriptor and its limit).
 pub fn override_key(service: &str, entries: &[Entry], limit: Override) -> Key {
-    let mut hash = Sha256::new();
-    let mut field = |text: &str| {
-        hash.update((text.len() as u64).to_be_bytes());
-        hash.update(text.as_bytes());
-    };
-    field("override");
-    field(service);
-    for entry in entries {
-        field(&entry.key);
-        field(&entry.value);
-    }
-    field(&limit.requests_per_unit.to_string());
-    field(limit.unit.as_str());
-    let digest = hash.finalize();
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&digest[..8]);
-    Key::from(uuid::Uuid::from_u64_pair(0, u64::from_be_bytes(first)))
+    let requests = limit.requests_per_unit.to_string();
+    let entries = entries.iter().flat_map(|entry| [entry.key.as_str(), entry.value.as_str()]);
+    key_of(["override", service].into_iter().chain(entries).chain([requests.as_str(), limit.unit.as_str()]))
 }
 
 /// Whole tokens `fill` holds at `now` under `limit`, and how long until it is full again.
@@ -650,30 +636,27 @@ pub fn governing_bucket<'s>(
 /// for it ([`rules::Snapshot::keyed_by`]), each field length-prefixed so no two buckets write
 /// the same bytes. What the rule does not name is not hashed, so it never splits the bucket.
 pub fn runtime_key(service: &str, rule: &str, api: Option<&str>, keyed_by: &[(&str, &str)]) -> Key {
-    let mut hash = Sha256::new();
-    let mut field = |text: &str| {
-        hash.update((text.len() as u64).to_be_bytes());
-        hash.update(text.as_bytes());
+    let api = match api {
+        Some(api) => [Some("api"), Some(api)],
+        None => [Some("*"), None],
     };
-    // Keys of the previous build hashed every entry; this tag keeps the two apart, so those
-    // buckets are only ever abandoned to the sweep.
-    field("rule-keyed");
-    field(service);
-    // Each rule its own buckets: two rules naming the same attributes (one with `tenant: *`,
-    // another with `sku: *`) may govern the same values by the entries' order, and must not
-    // share a row under two limits (a pair of them would be a take the store refuses, which
-    // Envoy admits).
-    field(rule);
-    match api {
-        Some(api) => {
-            field("api");
-            field(api);
-        }
-        None => field("*"),
-    }
-    for (attribute, value) in keyed_by {
-        field(attribute);
-        field(value);
+    let api = api.into_iter().flatten();
+    let attributes = keyed_by.iter().flat_map(|(attribute, value)| [*attribute, *value]);
+    // Keys of the previous build hashed every entry; the tag keeps the two apart, so those
+    // buckets are only ever abandoned to the sweep. Each rule has its own buckets: two rules
+    // naming the same attributes (one with `tenant: *`, another with `sku: *`) may govern the
+    // same values by the entries' order, and must not share a row under two limits (a pair of
+    // them would be a take the store refuses, which Envoy admits).
+    key_of(["rule-keyed", service, rule].into_iter().chain(api).chain(attributes))
+}
+
+/// A bucket's key: the first 64 bits of SHA-256 over `fields`, each length-prefixed so no two
+/// lists of fields write the same bytes.
+fn key_of<'a>(fields: impl IntoIterator<Item = &'a str>) -> Key {
+    let mut hash = Sha256::new();
+    for field in fields {
+        hash.update((field.len() as u64).to_be_bytes());
+        hash.update(field.as_bytes());
     }
     let digest = hash.finalize();
     let mut first = [0u8; 8];

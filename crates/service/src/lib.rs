@@ -20,6 +20,9 @@ pub mod decide;
 pub mod defaults;
 pub mod operations;
 
+#[cfg(test)]
+mod fixtures;
+
 pub use budgets::{follow, service_buckets, Heard, NotLoaded, Precheck, RuleBudgets, Sources};
 pub use decide::{DecideError, DecideObserver, DecideService};
 pub use defaults::{DefaultBudget, DefaultBudgets};

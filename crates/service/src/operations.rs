@@ -490,14 +490,19 @@ impl Operations {
             // Our own budgets' buckets are a Node's or a Domain's: `reset_budget` resets them.
             return Err(OperationError::Ungoverned { service: service.to_owned() });
         }
+        // A replica's own snapshot (what it decides by), else the rules as stored.
+        let (held, loaded);
         let snapshot = match &self.replica {
-            Some(replica) => match replica.budgets.compiled_rules() {
-                Ok(compiled) => compiled,
-                Err(not_loaded) => return Err(OperationError::NotLoaded(not_loaded)),
-            },
-            None => Arc::new(crate::budgets::CompiledRules::of(self.rules.snapshot().await?)),
+            Some(replica) => {
+                held = replica.budgets.compiled_rules().map_err(OperationError::NotLoaded)?;
+                &held.snapshot
+            }
+            None => {
+                loaded = self.rules.snapshot().await?;
+                &loaded
+            }
         };
-        let governed = crate::decide::governing_bucket(&snapshot.snapshot, service, entries)
+        let governed = crate::decide::governing_bucket(snapshot, service, entries)
             .ok_or_else(|| OperationError::Ungoverned { service: service.to_owned() })?;
         let name = crate::budgets::service_buckets();
         let existed = self.buckets.reset(name, governed.key).await.map_err(OperationError::Store)?;

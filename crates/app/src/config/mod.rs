@@ -545,19 +545,7 @@ fn decide_credentials(
             None => Services::AllButOwn,
             Some(list) => decide_services(name, list)?,
         };
-        let name = audit::Actor::operator(name).map_err(|_| {
-            ConfigError::new(
-                DECIDE_TOKENS,
-                format!("caller name {name:?} must be 1 to 64 of A-Z a-z 0-9 . _ -"),
-            )
-        })?;
-        // The message names the caller, never the token.
-        if token.chars().count() < OPERATOR_TOKEN_MIN_CHARS {
-            return Err(ConfigError::new(
-                DECIDE_TOKENS,
-                format!("the token of {name} must be at least 16 characters; generate one with `openssl rand -hex 32`"),
-            ));
-        }
+        let name = named_token(DECIDE_TOKENS, "caller", name, token)?;
         if credentials.iter().any(|known| known.name == name) {
             return Err(ConfigError::new(DECIDE_TOKENS, format!("caller {name} is named twice")));
         }
@@ -603,20 +591,26 @@ fn decide_services(name: &str, list: &str) -> Result<Services, ConfigError> {
     Ok(Services::Only(services.into()))
 }
 
+/// The name a token of `knob` acts under (`who`: operator or caller), once the name is one the
+/// audit log records and the token long enough; a message names the caller, never the token.
+fn named_token(knob: &'static str, who: &str, name: &str, token: &str) -> Result<audit::Actor, ConfigError> {
+    let name = audit::Actor::operator(name).map_err(|_| {
+        ConfigError::new(knob, format!("{who} name {name:?} must be 1 to 64 of A-Z a-z 0-9 . _ -"))
+    })?;
+    if token.chars().count() < OPERATOR_TOKEN_MIN_CHARS {
+        return Err(ConfigError::new(
+            knob,
+            format!("the token of {name} must be at least 16 characters; generate one with `openssl rand -hex 32`"),
+        ));
+    }
+    Ok(name)
+}
+
 /// Reads the operator tokens from both knobs.
 fn operator_credentials(knobs: &Knobs) -> Result<Vec<OperatorCredential>, ConfigError> {
     let mut credentials: Vec<OperatorCredential> = Vec::new();
     let mut add = |knob: &'static str, name: &str, token: &str| -> Result<(), ConfigError> {
-        let name = audit::Actor::operator(name).map_err(|_| {
-            ConfigError::new(knob, format!("operator name {name:?} must be 1 to 64 of A-Z a-z 0-9 . _ -"))
-        })?;
-        // The message names the operator, never the token.
-        if token.chars().count() < OPERATOR_TOKEN_MIN_CHARS {
-            return Err(ConfigError::new(
-                knob,
-                format!("the token of {name} must be at least 16 characters; generate one with `openssl rand -hex 32`"),
-            ));
-        }
+        let name = named_token(knob, "operator", name, token)?;
         if credentials.iter().any(|known| known.name == name) {
             return Err(ConfigError::new(knob, format!("operator {name} is named twice")));
         }

@@ -1,10 +1,10 @@
 use std::sync::Mutex;
 
-use chrono::Utc;
 use ratebudget::{Budgets as _, FailMode, Limit};
 
 use super::*;
 use crate::defaults::DefaultBudget;
+use crate::fixtures;
 
 fn defaults() -> DefaultBudgets {
     DefaultBudgets::try_from_fn(|_| {
@@ -34,27 +34,7 @@ impl Precheck for Forgetting {
 }
 
 fn own_rule(id: &str, scope: Scope, selector: Selector, rate: f64) -> Rule {
-    let spec = rules::RuleDraft {
-        service: None,
-        scope: scope.as_str().into(),
-        selector,
-        rate,
-        per_ms: None,
-        burst: rate,
-        algorithm: None,
-        mode: None,
-        fail_mode: None,
-        priority: None,
-    }
-    .validate()
-    .unwrap();
-    Rule {
-        id: rules::RuleId::parse(id).unwrap(),
-        spec,
-        version: rules::Version::new(1).unwrap(),
-        created_by: rules::Actor::new("test").unwrap(),
-        updated_at: Utc::now(),
-    }
+    fixtures::rule(id, fixtures::own_spec(scope, selector, rate))
 }
 
 fn budgets(guard: Arc<dyn Precheck>) -> RuleBudgets {
@@ -166,26 +146,7 @@ fn a_service_rule_that_may_grow_forgets_every_service_bucket() {
     let guard = Arc::new(Forgetting::default());
     let budgets = budgets(guard.clone());
     let rule = |rate: f64| {
-        let mut rule = own_rule("directory", Scope::IngestNode, Selector::AllDomains, 1.0);
-        rule.spec = rules::RuleDraft {
-            service: Some(rules::ServiceDraft {
-                service: "directory".into(),
-                api: None,
-                selector: vec![("tenant".into(), "*".into())],
-            }),
-            scope: String::new(),
-            selector: Selector::AllDomains,
-            rate,
-            per_ms: None,
-            burst: rate,
-            algorithm: None,
-            mode: None,
-            fail_mode: None,
-            priority: None,
-        }
-        .validate()
-        .unwrap();
-        rule
+        fixtures::rule("directory", fixtures::service_spec(None, &[("tenant", "*")], rate, None, rate))
     };
     budgets.install_rules(Snapshot::compile(1, vec![rule(1.0)]));
     budgets.install_rules(Snapshot::compile(2, vec![rule(2.0)]));
@@ -205,26 +166,7 @@ fn the_sweep_keeps_a_services_buckets_for_its_slowest_refill() {
         [(service_buckets(), ratebudget::Limit::MAX_REFILL_TIME), overrides]
     );
     let service_rule = |id: &str, rate: f64, per_ms: u32, burst: f64| {
-        let mut rule = own_rule(id, Scope::IngestNode, Selector::AllDomains, 1.0);
-        rule.spec = rules::RuleDraft {
-            service: Some(rules::ServiceDraft {
-                service: "directory".into(),
-                api: None,
-                selector: Vec::new(),
-            }),
-            scope: String::new(),
-            selector: Selector::AllDomains,
-            rate,
-            per_ms: Some(per_ms.into()),
-            burst,
-            algorithm: None,
-            mode: None,
-            fail_mode: None,
-            priority: None,
-        }
-        .validate()
-        .unwrap();
-        rule
+        fixtures::rule(id, fixtures::service_spec(None, &[], rate, Some(per_ms.into()), burst))
     };
     // Within the hour, ours and theirs: nothing kept longer.
     budgets.install_rules(Snapshot::compile(

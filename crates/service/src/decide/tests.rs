@@ -46,7 +46,7 @@ mod service {
 
     use chrono::Utc;
     use ratebudget::{Decider, LeaseRequest, Leased, ManualClock, Refusal};
-    use rules::{Rule, RuleDraft, RuleId, ServiceDraft, Services, Snapshot};
+    use rules::{Rule, Services, Snapshot};
 
     use super::super::*;
     use crate::budgets::{Precheck, RuleBudgets};
@@ -87,34 +87,7 @@ mod service {
     }
 
     fn rule(id: &str, api: &str, selector: &[(&str, &str)], rate: f64) -> Rule {
-        let spec = RuleDraft {
-            service: Some(ServiceDraft {
-                service: "directory".into(),
-                api: Some(api.into()),
-                selector: selector
-                    .iter()
-                    .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
-                    .collect(),
-            }),
-            scope: String::new(),
-            selector: rules::Selector::AllDomains,
-            rate,
-            per_ms: None,
-            burst: rate,
-            algorithm: None,
-            mode: None,
-            fail_mode: None,
-            priority: None,
-        }
-        .validate()
-        .unwrap();
-        Rule {
-            id: RuleId::parse(id).unwrap(),
-            spec,
-            version: rules::Version::new(1).unwrap(),
-            created_by: rules::Actor::new("test").unwrap(),
-            updated_at: Utc::now(),
-        }
+        crate::fixtures::rule(id, crate::fixtures::service_spec(Some(api), selector, rate, None, rate))
     }
 
     struct Decided {

@@ -1,8 +1,7 @@
 use std::sync::Mutex;
 
-use chrono::Utc;
-
 use super::*;
+use crate::fixtures;
 
 /// An audit log that keeps what it records, or refuses every entry.
 #[derive(Default)]
@@ -177,13 +176,7 @@ async fn a_domain_whose_name_is_taken_leaves_no_issuance_override_behind() {
     let seen = written.clone();
     parts.rules.expect_create().times(1).returning(move |id, spec, actor| {
         *seen.lock().unwrap() = Some(id.clone());
-        Ok(rules::Created::Created(rules::Rule {
-            id: id.clone(),
-            spec: spec.clone(),
-            version: rules::Version::new(1).unwrap(),
-            created_by: actor.clone(),
-            updated_at: Utc::now(),
-        }))
+        Ok(rules::Created::Created(fixtures::rule_at(id.as_str(), spec.clone(), 1, actor)))
     });
     let deleted = written.clone();
     parts
@@ -235,30 +228,11 @@ async fn a_tier_set_on_a_domain_that_does_not_exist_is_unknown_and_recorded_nowh
 async fn a_rule_change_is_recorded_with_the_rule_and_the_version_it_made() {
     let mut parts = Parts::new();
     parts.rules.expect_replace().times(1).returning(|id, spec, _, actor| {
-        Ok(rules::Replaced::Applied(rules::Rule {
-            id: id.clone(),
-            spec: spec.clone(),
-            version: rules::Version::new(4).unwrap(),
-            created_by: actor.clone(),
-            updated_at: Utc::now(),
-        }))
+        Ok(rules::Replaced::Applied(fixtures::rule_at(id.as_str(), spec.clone(), 4, actor)))
     });
     let (operations, audit) = parts.operations();
     let id = rules::RuleId::parse("contoso").unwrap();
-    let spec = rules::RuleDraft {
-        service: None,
-        scope: "ingest_node".into(),
-        selector: rules::Selector::AllDomains,
-        rate: 1.0,
-        per_ms: None,
-        burst: 1.0,
-        algorithm: None,
-        mode: None,
-        fail_mode: None,
-        priority: None,
-    }
-    .validate()
-    .unwrap();
+    let spec = fixtures::own_spec(Scope::IngestNode, rules::Selector::AllDomains, 1.0);
     let put =
         operations.put_rule(operator(), &id, &spec, Some(rules::Version::new(3).unwrap())).await.unwrap();
     assert!(matches!(put, rules::Put::Replaced(_)));
@@ -271,31 +245,8 @@ async fn a_rule_change_is_recorded_with_the_rule_and_the_version_it_made() {
 #[tokio::test]
 async fn a_service_bucket_is_reset_by_the_rule_that_governs_its_descriptor_as_stored() {
     let mut parts = Parts::new();
-    let rule = rules::RuleDraft {
-        service: Some(rules::ServiceDraft {
-            service: "directory".into(),
-            api: None,
-            selector: vec![("tenant".into(), "contoso".into())],
-        }),
-        scope: String::new(),
-        selector: rules::Selector::AllDomains,
-        rate: 1.0,
-        per_ms: None,
-        burst: 1.0,
-        algorithm: None,
-        mode: None,
-        fail_mode: None,
-        priority: None,
-    }
-    .validate()
-    .unwrap();
-    let stored = rules::Rule {
-        id: rules::RuleId::parse("contoso").unwrap(),
-        spec: rule,
-        version: rules::Version::new(3).unwrap(),
-        created_by: rules::Actor::new("test").unwrap(),
-        updated_at: Utc::now(),
-    };
+    let spec = fixtures::service_spec(None, &[("tenant", "contoso")], 1.0, None, 1.0);
+    let stored = fixtures::rule_at("contoso", spec, 3, &rules::Actor::new("test").unwrap());
     parts.rules.expect_load().times(2).returning(move || Ok((7, vec![stored.clone()])));
     let expected = crate::decide::runtime_key("directory", "contoso", None, &[("tenant", "contoso")]);
     parts
@@ -335,13 +286,7 @@ async fn a_domain_the_store_may_have_stored_keeps_its_issuance_override() {
         Err(access::InsertDomainError::Unavailable(access::RepositoryError("the connection dropped".into())))
     });
     parts.rules.expect_create().times(1).returning(|id, spec, actor| {
-        Ok(rules::Created::Created(rules::Rule {
-            id: id.clone(),
-            spec: spec.clone(),
-            version: rules::Version::new(1).unwrap(),
-            created_by: actor.clone(),
-            updated_at: Utc::now(),
-        }))
+        Ok(rules::Created::Created(fixtures::rule_at(id.as_str(), spec.clone(), 1, actor)))
     });
     parts.rules.expect_delete().times(0);
     let (operations, _) = parts.operations();
