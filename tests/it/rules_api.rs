@@ -52,7 +52,7 @@ async fn a_rule_is_created_then_replaced_and_deleted_only_at_the_version_its_wri
         json!({
             "rule_id": "all-reads", "service": "plexsphere", "scope": "secret_read_node", "selector": {}, "rate": 5.0,
             "per_ms": 1000, "burst": 10.0, "algorithm": "TOKEN_BUCKET", "mode": "ENFORCE",
-            "fail_mode": "CLOSED", "priority": 0, "version": 1, "created_by": "operator",
+            "fail_mode": "CLOSED", "priority": 0, "version": 1, "created_by": "operator", "matching": "selector", "source": "api",
             "updated_at": created.body["updated_at"],
         })
     );

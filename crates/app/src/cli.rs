@@ -59,6 +59,33 @@ enum Command {
         #[command(subcommand)]
         command: BudgetsCommand,
     },
+    /// Manage rules.
+    Rules {
+        #[command(subcommand)]
+        command: RulesCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum RulesCommand {
+    /// Apply envoyproxy/ratelimit configuration files, as they are: print each change
+    /// (created, replaced, unchanged, deleted) and make them all in one transaction. Nothing of
+    /// any file is applied when one is refused.
+    Apply {
+        /// Print the changes and make none.
+        #[arg(long)]
+        dry_run: bool,
+        /// Delete the rules of the files' domains, applied from files, that the files no longer
+        /// hold.
+        #[arg(long)]
+        prune: bool,
+        /// Files, and directories whose files (hidden entries skipped) are read as
+        /// envoyproxy/ratelimit reads its runtime directory.
+        #[arg(required = true, value_name = "PATH")]
+        paths: Vec<std::path::PathBuf>,
+        #[command(flatten)]
+        database: Database,
+    },
 }
 
 #[derive(Subcommand)]
@@ -220,6 +247,10 @@ async fn run(command: Command) -> Result<(), Failure> {
             let keyring = keys.keyring()?;
             let database = database.options()?;
             Ok(rekey_secrets(database, keyring, batch_size.get(), &mut std::io::stdout()).await?)
+        }
+        Command::Rules { command: RulesCommand::Apply { dry_run, prune, paths, database } } => {
+            let prune = if prune { rules::Prune::SameDomains } else { rules::Prune::Nothing };
+            Ok(apply_rules(database.options()?, &paths, prune, dry_run, &mut std::io::stdout()).await?)
         }
         Command::Budgets { command: BudgetsCommand::Show { key, database } } => {
             Ok(show_budgets(database.options()?, key, &mut std::io::stdout()).await?)
@@ -422,6 +453,52 @@ pub async fn reset_service_bucket(
             out,
             "the bucket of {service} governed by rule {} was full already (no row); replicas were told anyway",
             reset.rule_id
+        )?;
+    }
+    Ok(())
+}
+
+/// `plexsphere rules apply [--dry-run] [--prune] PATH...`: reads envoyproxy/ratelimit's files
+/// (all of them, or none when one is refused), prints each rule's change and, unless
+/// `dry_run`, makes them in one transaction, audited as the command line.
+///
+/// # Errors
+/// A file that cannot be read or is refused (naming the file and the descriptor path), or a
+/// database that does not answer: nothing applied.
+pub async fn apply_rules(
+    database: PgConnectOptions,
+    paths: &[std::path::PathBuf],
+    prune: rules::Prune,
+    dry_run: bool,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let files = rules::files::read(paths).context("refused the files; nothing was applied")?;
+    let pool = connect(database).await?;
+    let changes = operations(&pool)
+        .apply_rule_files(audit::Actor::command_line(), &files, prune, dry_run)
+        .await
+        .context("failed to apply the files; nothing was applied")?;
+    print_changes(&changes, out)?;
+    let made = changes.iter().filter(|change| change.applied != rules::Applied::Unchanged).count();
+    if dry_run {
+        writeln!(out, "dry run: {made} change(s) would be made, none was")?;
+    } else {
+        writeln!(out, "{made} change(s) made from {} file(s)", files.files.len())?;
+    }
+    Ok(())
+}
+
+/// One line a change: what, the rule, its descriptor path, its file and the version made.
+pub fn print_changes(changes: &[rules::FileChange], out: &mut impl Write) -> std::io::Result<()> {
+    for change in changes {
+        let version = change.version.map(|version| format!(" (version {version})")).unwrap_or_default();
+        writeln!(
+            out,
+            "{:<9} {} {} from {}{version}",
+            change.applied.as_str(),
+            change.id,
+            change.path,
+            change.source
         )?;
     }
     Ok(())

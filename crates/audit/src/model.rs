@@ -12,6 +12,10 @@ const ACTOR_MAX_CHARS: usize = 64;
 /// alphabet, so no operator can be mistaken for it.
 const COMMAND_LINE: &str = "<cli>";
 
+/// The actor of what the leader applies from `PLEXSPHERE_RULES_DIR`; as [`COMMAND_LINE`], no
+/// operator's name.
+const RULES_DIRECTORY: &str = "<rules-dir>";
+
 /// The longest page of entries one read returns.
 const MAX_PAGE: usize = 1000;
 
@@ -49,6 +53,11 @@ impl Actor {
         Actor(COMMAND_LINE.to_owned())
     }
 
+    /// The leader applying `PLEXSPHERE_RULES_DIR`'s files.
+    pub fn rules_directory() -> Actor {
+        Actor(RULES_DIRECTORY.to_owned())
+    }
+
     /// An actor as stored.
     ///
     /// # Errors
@@ -56,6 +65,8 @@ impl Actor {
     pub fn parse(text: &str) -> Result<Actor, InvalidInput> {
         if text == COMMAND_LINE {
             Ok(Actor::command_line())
+        } else if text == RULES_DIRECTORY {
+            Ok(Actor::rules_directory())
         } else {
             Actor::operator(text)
         }

@@ -5,7 +5,8 @@
 -- Parameters: $1 rule_id, $2 service, $3 api (NULL for plexsphere's own), $4 scope (NULL for
 -- another service's), $5 selector (a JSON object, as text), $6 rate, $7 per_ms, $8 burst,
 -- $9 algorithm, $10 mode, $11 fail_mode, $12 priority, $13 created_by, $14 the notification
--- channel. Answers the rule as written, or no row when a
+-- channel, $15 descriptor (a file's rule: a JSON object, as text; NULL otherwise), $16 source (the
+-- file it was applied from). Answers the rule as written, or no row when a
 -- rule of that id exists (ON CONFLICT DO NOTHING: a concurrent creator wins or loses whole).
 --
 -- `RETURNING *` on purpose: the row is handed whole to record_rule_change as a
@@ -20,7 +21,7 @@ WITH previous AS (
 inserted AS (
     INSERT INTO plexsphere.rules (
         rule_id, service, api, scope, selector, rate, per_ms, burst, algorithm, mode, fail_mode,
-        priority, version, created_by, updated_at
+        priority, version, created_by, updated_at, descriptor, source
     )
     SELECT
         $1::text,
@@ -37,13 +38,15 @@ inserted AS (
         $12::integer,
         previous.version + 1,
         $13::text,
-        now()
+        now(),
+        $15::jsonb,
+        $16::text
     FROM previous
     ON CONFLICT (rule_id) DO NOTHING
     RETURNING *
 )
 SELECT
-    rule_id, service, api, scope, selector::text AS selector_json,
+    rule_id, service, api, scope, selector::text AS selector_json, descriptor::text AS descriptor_json, source,
     rate, per_ms, burst, algorithm, mode, fail_mode, priority, version, created_by, updated_at,
     plexsphere.record_rule_change(
         ROW(inserted.*)::plexsphere.rules,

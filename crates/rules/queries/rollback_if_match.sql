@@ -6,7 +6,8 @@
 -- channel, $5 the version the writer read. Answers the rule as written (never recreated), or
 -- no row.
 WITH target AS (
-    SELECT service, api, scope, selector, rate, per_ms, burst, algorithm, mode, fail_mode, priority
+    SELECT service, api, scope, selector, rate, per_ms, burst, algorithm, mode, fail_mode, priority,
+        descriptor, source
     FROM plexsphere.rule_versions
     WHERE rule_id = $1::text
       AND version = $2::bigint
@@ -28,14 +29,16 @@ written AS (
         priority = target.priority,
         version = rules.version + 1,
         created_by = $3::text,
-        updated_at = now()
+        updated_at = now(),
+        descriptor = target.descriptor,
+        source = target.source
     FROM target
     WHERE rules.rule_id = $1::text
       AND rules.version = $5::bigint
     RETURNING rules.*
 )
 SELECT
-    rule_id, service, api, scope, selector::text AS selector_json,
+    rule_id, service, api, scope, selector::text AS selector_json, descriptor::text AS descriptor_json, source,
     rate, per_ms, burst, algorithm, mode, fail_mode, priority, version, created_by, updated_at,
     false AS recreated,
     plexsphere.record_rule_change(

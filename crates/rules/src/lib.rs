@@ -31,6 +31,7 @@
 //! Domain's tier from the access context and asks the [`Snapshot`].
 
 mod error;
+pub mod files;
 mod model;
 mod persistence;
 mod ports;
@@ -39,6 +40,7 @@ mod snapshot;
 mod usage;
 
 pub use error::{BoxError, RepositoryError, WriteError};
+pub use model::{wildcard_matches, DescriptorRule, PathEntry, PathLimit, Unit, MAX_DEPTH};
 pub use model::{
     Actor, Algorithm, Change, FailMode, InvalidRule, Mode, Rule, RuleDraft, RuleId, RuleSpec, RuleVersion,
     Selector, Tier, UsageCount, UsageMinute, Version,
@@ -49,7 +51,7 @@ pub use model::{
 pub use persistence::{PgRulesRepository, CHANGES_CHANNEL};
 #[cfg(feature = "mocks")]
 pub use ports::MockRulesRepository;
-pub use ports::{Created, Replaced, RolledBack, RulesRepository};
-pub use service::{Put, RulesService};
+pub use ports::{Created, Replaced, RolledBack, RulesRepository, Write};
+pub use service::{Applied, FileChange, Prune, Put, RulesService};
 pub use snapshot::{Level, Matched, Resolved, Snapshot};
 pub use usage::{flush_every, Counted, RuleRefs, Usage, MAX_PENDING};

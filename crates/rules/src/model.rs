@@ -7,8 +7,10 @@ use chrono::{DateTime, Utc};
 use ratebudget::{Limit, Scope};
 use uuid::Uuid;
 
+mod descriptor;
 mod target;
 
+pub use descriptor::{wildcard_matches, DescriptorRule, PathEntry, PathLimit, Unit, MAX_DEPTH};
 pub use target::{
     Api, Attributes, Pattern, Service, ServiceDraft, Services, Target, MAX_ATTRIBUTES, OWN_SERVICE,
 };
@@ -264,6 +266,12 @@ impl RuleDraft {
         // another service's may take up to a year and a day (a day's, a week's, a year's quota),
         // and the sweep keeps its buckets until the slowest of its rules has refilled them.
         let (limit, refill) = match &target {
+            Target::Descriptor(_) => {
+                return Err(invalid(
+                    "service",
+                    "a file's rule is read from its file (rules apply), not written as a draft",
+                ))
+            }
             Target::Own { .. } => (
                 Limit::new(per_second(self.rate, per_ms), self.burst),
                 "must refill from empty within an hour: burst <= rate / (per_ms / 1000) * 3600",
@@ -352,11 +360,60 @@ impl RuleSpec {
         &self.target
     }
 
+    /// A rule read from an envoyproxy/ratelimit configuration file: its path and limit as the
+    /// file says them, stored with a rate and burst when it spends (`requests_per_unit` a
+    /// `unit` is a bucket of burst `requests_per_unit`, refilled at that many a unit), ENFORCE
+    /// or SHADOW by `shadow_mode`, CLOSED, priority 0.
+    ///
+    /// # Errors
+    /// [`InvalidRule`] as [`DescriptorRule::validate`] says.
+    pub fn from_descriptor(rule: DescriptorRule) -> Result<RuleSpec, InvalidRule> {
+        rule.validate()?;
+        let budget = rule.budget();
+        let (rate, per_ms, burst, limit) = match (rule.limit, budget) {
+            (PathLimit::PerUnit { requests_per_unit, unit }, Some(limit)) => {
+                // The table's `per_ms` runs to a day: a week's, a month's or a year's rate is
+                // stored per day, which the CHECK's arithmetic reads as the same rate.
+                let per_ms = unit.millis().min(MAX_PER_MS);
+                let rate = f64::from(requests_per_unit) * per_ms as f64 / unit.millis() as f64;
+                (rate, per_ms as u32, f64::from(requests_per_unit), limit)
+            }
+            // Never spent: no rate or burst is stored, and none is shown.
+            _ => (0.0, 1000, 0.0, Limit::for_any_period(1.0, 1.0).expect("one a second is a limit")),
+        };
+        let mode = if rule.shadow_mode { Mode::Shadow } else { Mode::Enforce };
+        Ok(RuleSpec {
+            target: Target::Descriptor(std::sync::Arc::new(rule)),
+            rate,
+            per_ms,
+            burst,
+            limit,
+            algorithm: Algorithm::TokenBucket,
+            mode,
+            fail_mode: FailMode::Closed,
+            priority: 0,
+        })
+    }
+
+    /// The file rule it is, if it was read from a file.
+    pub fn descriptor(&self) -> Option<&DescriptorRule> {
+        match &self.target {
+            Target::Descriptor(rule) => Some(rule),
+            _ => None,
+        }
+    }
+
+    /// Whether its requests spend from a bucket: every rule but a file's unlimited, unset or
+    /// zero-a-unit limit.
+    pub fn spends(&self) -> bool {
+        self.descriptor().is_none_or(|rule| rule.budget().is_some())
+    }
+
     /// The own budget governed; `None` for another service's rule.
     pub fn scope(&self) -> Option<Scope> {
         match &self.target {
             Target::Own { scope, .. } => Some(*scope),
-            Target::Service { .. } => None,
+            Target::Service { .. } | Target::Descriptor(_) => None,
         }
     }
 
@@ -364,7 +421,7 @@ impl RuleSpec {
     pub fn selector(&self) -> Option<Selector> {
         match &self.target {
             Target::Own { selector, .. } => Some(*selector),
-            Target::Service { .. } => None,
+            Target::Service { .. } | Target::Descriptor(_) => None,
         }
     }
 

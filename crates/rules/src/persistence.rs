@@ -11,10 +11,11 @@ use ratebudget::Statements;
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
-use crate::ports::{Created, Replaced, RolledBack};
+use crate::ports::{Created, Replaced, RolledBack, Write};
 use crate::{
-    Actor, Change, RepositoryError, Rule, RuleDraft, RuleId, RuleSpec, RuleVersion, RulesRepository,
-    Selector, ServiceDraft, Target, UsageCount, UsageMinute, Version, OWN_SERVICE,
+    Actor, Change, DescriptorRule, PathEntry, PathLimit, RepositoryError, Rule, RuleDraft, RuleId, RuleSpec,
+    RuleVersion, RulesRepository, Selector, Service, ServiceDraft, Target, Unit, UsageCount, UsageMinute,
+    Version, OWN_SERVICE,
 };
 
 /// The channel every rule change is announced on, at commit; the payload is the rules'
@@ -107,7 +108,10 @@ fn bind_spec<'q>(
     let (api, scope) = match target {
         Target::Own { scope, .. } => (None, Some(scope.as_str())),
         Target::Service { api, .. } => (Some(api.as_str().to_owned()), None),
+        Target::Descriptor(_) => (None, None),
     };
+    // A file's rule that never spends stores no rate, per_ms or burst.
+    let spends = spec.spends();
     let selector: serde_json::Map<String, serde_json::Value> = target
         .pairs()
         .into_iter()
@@ -118,9 +122,9 @@ fn bind_spec<'q>(
         .bind(api)
         .bind(scope)
         .bind(serde_json::Value::Object(selector).to_string())
-        .bind(spec.rate())
-        .bind(i32::try_from(spec.per_ms()).unwrap_or(i32::MAX))
-        .bind(spec.burst())
+        .bind(spends.then_some(spec.rate()))
+        .bind(spends.then_some(i32::try_from(spec.per_ms()).unwrap_or(i32::MAX)))
+        .bind(spends.then_some(spec.burst()))
         .bind(spec.algorithm().as_str())
         .bind(spec.mode().as_str())
         .bind(spec.fail_mode().as_str())
@@ -128,11 +132,129 @@ fn bind_spec<'q>(
         .bind(actor.as_str().to_owned())
 }
 
+/// The binds of a file rule's descriptor and source (NULL for any other rule), after the
+/// statement's others.
+fn bind_descriptor<'q>(
+    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    spec: &RuleSpec,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    let descriptor = spec.descriptor();
+    query
+        .bind(descriptor.map(|rule| descriptor_json(rule).to_string()))
+        .bind(descriptor.map(|rule| rule.source.clone()))
+}
+
+/// A file rule's path and what its file says of it, as its row's `descriptor` holds them.
+fn descriptor_json(rule: &DescriptorRule) -> serde_json::Value {
+    use serde_json::json;
+    let path: Vec<serde_json::Value> = rule
+        .path
+        .iter()
+        .map(|entry| {
+            json!({
+                "key": &*entry.key,
+                "value": entry.value.as_deref(),
+                "share_threshold": entry.share_threshold,
+                "order": entry.order,
+            })
+        })
+        .collect();
+    let limit = match rule.limit {
+        PathLimit::PerUnit { requests_per_unit, unit } => {
+            json!({"requests_per_unit": requests_per_unit, "unit": unit.as_str()})
+        }
+        PathLimit::Unlimited => json!("unlimited"),
+        PathLimit::Unset => serde_json::Value::Null,
+    };
+    json!({
+        "path": path,
+        "limit": limit,
+        "name": rule.name,
+        "replaces": rule.replaces,
+        "shadow_mode": rule.shadow_mode,
+        "quota_mode": rule.quota_mode,
+        "detailed_metric": rule.detailed_metric,
+        "value_to_metric": rule.value_to_metric,
+    })
+}
+
+/// A file rule from its row's `descriptor`, `service` and `source`.
+fn descriptor_from_json(
+    service: &str,
+    source: String,
+    text: &str,
+) -> Result<DescriptorRule, RepositoryError> {
+    let drift = |what: &str| RepositoryError(format!("a rule's descriptor {what}").into());
+    let value: serde_json::Value = serde_json::from_str(text).map_err(unavailable)?;
+    let flag = |name: &str| value.get(name).and_then(serde_json::Value::as_bool).unwrap_or(false);
+    let text_of = |value: &serde_json::Value| value.as_str().map(str::to_owned);
+    let mut path = Vec::new();
+    for entry in
+        value.get("path").and_then(serde_json::Value::as_array).ok_or_else(|| drift("has no path"))?
+    {
+        path.push(PathEntry {
+            key: entry
+                .get("key")
+                .and_then(serde_json::Value::as_str)
+                .ok_or_else(|| drift("has a path entry without a key"))?
+                .into(),
+            value: entry.get("value").and_then(serde_json::Value::as_str).map(Into::into),
+            share_threshold: entry
+                .get("share_threshold")
+                .and_then(serde_json::Value::as_bool)
+                .unwrap_or(false),
+            order: entry
+                .get("order")
+                .and_then(serde_json::Value::as_u64)
+                .and_then(|order| u32::try_from(order).ok())
+                .unwrap_or(0),
+        });
+    }
+    let limit = match value.get("limit") {
+        None | Some(serde_json::Value::Null) => PathLimit::Unset,
+        Some(serde_json::Value::String(text)) if text == "unlimited" => PathLimit::Unlimited,
+        Some(limit) => PathLimit::PerUnit {
+            requests_per_unit: limit
+                .get("requests_per_unit")
+                .and_then(serde_json::Value::as_u64)
+                .and_then(|count| u32::try_from(count).ok())
+                .ok_or_else(|| drift("has a limit without requests_per_unit"))?,
+            unit: limit
+                .get("unit")
+                .and_then(serde_json::Value::as_str)
+                .and_then(Unit::parse)
+                .ok_or_else(|| drift("has a limit without a unit"))?,
+        },
+    };
+    Ok(DescriptorRule {
+        service: Service::parse(service).map_err(unavailable)?,
+        path,
+        limit,
+        name: value.get("name").and_then(text_of),
+        replaces: value
+            .get("replaces")
+            .and_then(serde_json::Value::as_array)
+            .map(|names| names.iter().filter_map(text_of).collect())
+            .unwrap_or_default(),
+        shadow_mode: flag("shadow_mode"),
+        quota_mode: flag("quota_mode"),
+        detailed_metric: flag("detailed_metric"),
+        value_to_metric: flag("value_to_metric"),
+        source,
+    })
+}
+
 /// A rule's content from the columns every query names alike. The table's CHECKs hold the
 /// model's rules, so content that fails them means the two have drifted apart: the store
 /// failing to answer, not a rule to act on.
 fn spec_from_row(row: &PgRow) -> Result<RuleSpec, RepositoryError> {
     let service: String = row.try_get("service").map_err(unavailable)?;
+    let descriptor: Option<String> = row.try_get("descriptor_json").map_err(unavailable)?;
+    if let Some(descriptor) = descriptor {
+        let source: Option<String> = row.try_get("source").map_err(unavailable)?;
+        let rule = descriptor_from_json(&service, source.unwrap_or_default(), &descriptor)?;
+        return RuleSpec::from_descriptor(rule).map_err(unavailable);
+    }
     let selector_json: String = row.try_get("selector_json").map_err(unavailable)?;
     let members: serde_json::Map<String, serde_json::Value> =
         serde_json::from_str(&selector_json).map_err(unavailable)?;
@@ -218,7 +340,11 @@ impl RulesRepository for PgRulesRepository {
     async fn create(&self, id: &RuleId, spec: &RuleSpec, actor: &Actor) -> Result<Created, RepositoryError> {
         for _ in 0..CREATE_ATTEMPTS {
             let statement = || {
-                bind_spec(sqlx::query(CREATE).bind(id.as_str().to_owned()), spec, actor).bind(CHANGES_CHANNEL)
+                bind_descriptor(
+                    bind_spec(sqlx::query(CREATE).bind(id.as_str().to_owned()), spec, actor)
+                        .bind(CHANGES_CHANNEL),
+                    spec,
+                )
             };
             if let Some(row) = self.retrying_version_races(statement).await? {
                 return Ok(Created::Created(rule_from_row(&row)?));
@@ -240,12 +366,15 @@ impl RulesRepository for PgRulesRepository {
         expected: Version,
         actor: &Actor,
     ) -> Result<Replaced<Rule>, RepositoryError> {
-        let row = bind_spec(sqlx::query(REPLACE).bind(id.as_str()), spec, actor)
-            .bind(CHANGES_CHANNEL)
-            .bind(expected.get())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(unavailable)?;
+        let row = bind_descriptor(
+            bind_spec(sqlx::query(REPLACE).bind(id.as_str()), spec, actor)
+                .bind(CHANGES_CHANNEL)
+                .bind(expected.get()),
+            spec,
+        )
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(unavailable)?;
         match row {
             Some(row) => Ok(Replaced::Applied(rule_from_row(&row)?)),
             None => Ok(Replaced::Stale { current: self.current_version(id).await? }),
@@ -308,6 +437,59 @@ impl RulesRepository for PgRulesRepository {
             (true, Some("deleted")) => RolledBack::DeletionVersion,
             (true, Some(_)) => RolledBack::Stale { current: current.map(stored_version).transpose()? },
         })
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(writes = writes.len()))]
+    async fn apply(&self, writes: &[Write], actor: &Actor) -> Result<Option<Vec<Version>>, RepositoryError> {
+        // One transaction on one connection: behind a transaction pooler the pool's hooks
+        // opened one already, and BEGIN inside it only warns.
+        let mut transaction = self.pool.pool().begin().await.map_err(unavailable)?;
+        let mut versions = Vec::with_capacity(writes.len());
+        for write in writes {
+            let made = match write {
+                Write::Create { id, spec } => bind_descriptor(
+                    bind_spec(sqlx::query(CREATE).bind(id.as_str().to_owned()), spec, actor)
+                        .bind(CHANGES_CHANNEL),
+                    spec,
+                )
+                .fetch_optional(&mut *transaction)
+                .await
+                .map_err(unavailable)?
+                .map(|row| row.try_get::<i64, _>("version"))
+                .transpose()
+                .map_err(unavailable)?,
+                Write::Replace { id, spec, expected } => bind_descriptor(
+                    bind_spec(sqlx::query(REPLACE).bind(id.as_str()), spec, actor)
+                        .bind(CHANGES_CHANNEL)
+                        .bind(expected.get()),
+                    spec,
+                )
+                .fetch_optional(&mut *transaction)
+                .await
+                .map_err(unavailable)?
+                .map(|row| row.try_get::<i64, _>("version"))
+                .transpose()
+                .map_err(unavailable)?,
+                Write::Delete { id, expected } => sqlx::query_as::<_, (i64, i64)>(DELETE)
+                    .bind(id.as_str())
+                    .bind(expected.get())
+                    .bind(actor.as_str())
+                    .bind(CHANGES_CHANNEL)
+                    .fetch_optional(&mut *transaction)
+                    .await
+                    .map_err(unavailable)?
+                    .map(|(version, _)| version),
+            };
+            match made {
+                Some(version) => versions.push(stored_version(version)?),
+                None => {
+                    transaction.rollback().await.map_err(unavailable)?;
+                    return Ok(None);
+                }
+            }
+        }
+        transaction.commit().await.map_err(unavailable)?;
+        Ok(Some(versions))
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(rule = %id))]

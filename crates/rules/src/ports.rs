@@ -51,6 +51,34 @@ pub enum RolledBack {
     DeletionVersion,
 }
 
+/// One write of a set applied together ([`RulesRepository::apply`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Write {
+    /// Write a rule where none stands.
+    Create {
+        /// Its id.
+        id: RuleId,
+        /// Its content.
+        spec: RuleSpec,
+    },
+    /// Replace a rule at version `expected`.
+    Replace {
+        /// Its id.
+        id: RuleId,
+        /// Its new content.
+        spec: RuleSpec,
+        /// The version it must be at.
+        expected: Version,
+    },
+    /// Delete a rule at version `expected`.
+    Delete {
+        /// Its id.
+        id: RuleId,
+        /// The version it must be at.
+        expected: Version,
+    },
+}
+
 /// Where rules, their history and their usage are kept.
 ///
 /// Every method that changes a rule MUST, in one atomic step with the change: add one version
@@ -104,6 +132,15 @@ pub trait RulesRepository: Send + Sync {
         expected: Option<Version>,
         actor: &Actor,
     ) -> Result<RolledBack, RepositoryError>;
+
+    /// Makes every write of `writes` in one transaction, each as its own method would (a
+    /// version, a history row, the revision and the announcement), or none of them: the
+    /// version each made, in order, or `None` when one of them found its rule not as expected
+    /// (nothing written).
+    ///
+    /// # Errors
+    /// [`RepositoryError`] MUST be returned when the store could not answer (nothing written).
+    async fn apply(&self, writes: &[Write], actor: &Actor) -> Result<Option<Vec<Version>>, RepositoryError>;
 
     /// The rule of this id, or `None`.
     ///

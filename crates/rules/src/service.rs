@@ -33,6 +33,61 @@ impl Put {
     }
 }
 
+/// What applying files did, or would do, to one rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// The files hold it and no rule of its id stood.
+    Created,
+    /// The files hold it otherwise than it stood.
+    Replaced,
+    /// The files hold it as it stands: nothing written.
+    Unchanged,
+    /// A rule of a file no longer holds it (`--prune`).
+    Deleted,
+}
+
+impl Applied {
+    /// Its text: `created`, `replaced`, `unchanged` or `deleted`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Applied::Created => "created",
+            Applied::Replaced => "replaced",
+            Applied::Unchanged => "unchanged",
+            Applied::Deleted => "deleted",
+        }
+    }
+}
+
+/// One rule's change by an apply of files.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FileChange {
+    /// The rule.
+    pub id: RuleId,
+    /// Its descriptor path, as envoyproxy/ratelimit names it (`domain.key_value.key`).
+    pub path: String,
+    /// The file it is from (for a deletion, the file it was from).
+    pub source: String,
+    /// What happened to it.
+    pub applied: Applied,
+    /// The version the change made; `None` when nothing was written (unchanged, or a dry run).
+    pub version: Option<Version>,
+}
+
+/// Which rules from files that the files no longer hold an apply deletes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prune {
+    /// None.
+    Nothing,
+    /// Those of the domains the files hold (`rules apply --prune`).
+    SameDomains,
+    /// Every rule applied from files (`PLEXSPHERE_RULES_DIR`: the directory is the truth).
+    EveryFileRule,
+}
+
+/// How many times an apply is planned again when a rule changed between its plan and its
+/// writes.
+const APPLY_ATTEMPTS: usize = 3;
+
 /// Rules over a store. Cloning is cheap and clones share the store.
 #[derive(Clone)]
 pub struct RulesService {
@@ -71,6 +126,44 @@ impl RulesService {
                 Replaced::Stale { current } => Err(WriteError::PreconditionFailed { current }),
             },
         }
+    }
+
+    /// Makes the rules stand as `files` say (each a rule of a file), all in one transaction,
+    /// each change a version as a `PUT` is; with `prune`, deletes the rules from files that
+    /// the files no longer hold. With `dry_run`, only says what it would do. Applying the same
+    /// files again changes nothing: a file rule's id is its domain and path.
+    ///
+    /// # Errors
+    /// [`WriteError::Unavailable`] when the store could not answer (nothing written), or
+    /// [`WriteError::PreconditionFailed`] when rules kept changing under it.
+    pub async fn apply(
+        &self,
+        files: &crate::files::FileRules,
+        prune: Prune,
+        dry_run: bool,
+        actor: &Actor,
+    ) -> Result<Vec<FileChange>, WriteError> {
+        for _ in 0..APPLY_ATTEMPTS {
+            let standing = self.repository.list(None, None).await?;
+            let (changes, writes) = plan(files, prune, &standing);
+            if dry_run || writes.is_empty() {
+                return Ok(changes);
+            }
+            let Some(versions) = self.repository.apply(&writes, actor).await? else {
+                continue;
+            };
+            let mut versions = versions.into_iter();
+            return Ok(changes
+                .into_iter()
+                .map(|mut change| {
+                    if change.applied != Applied::Unchanged {
+                        change.version = versions.next();
+                    }
+                    change
+                })
+                .collect());
+        }
+        Err(WriteError::PreconditionFailed { current: None })
     }
 
     /// Deletes rule `id` if it is at version `if_match`; returns the deletion's version. Its
@@ -191,4 +284,60 @@ impl RulesService {
     pub async fn prune_usage(&self, before: DateTime<Utc>) -> Result<u64, RepositoryError> {
         self.repository.prune_usage(before).await
     }
+}
+
+/// What applying `files` to the `standing` rules changes, and the writes that make it so (one
+/// for each change that is not [`Applied::Unchanged`], in the same order).
+fn plan(
+    files: &crate::files::FileRules,
+    prune: Prune,
+    standing: &[Rule],
+) -> (Vec<FileChange>, Vec<crate::Write>) {
+    use crate::Write;
+    let by_id: std::collections::HashMap<&RuleId, &Rule> =
+        standing.iter().map(|rule| (&rule.id, rule)).collect();
+    let mut changes = Vec::new();
+    let mut writes = Vec::new();
+    for rules in files.domains.values() {
+        for (id, spec) in rules {
+            let descriptor = spec.descriptor().expect("a file's rules are descriptor rules");
+            let (applied, write) = match by_id.get(id) {
+                None => (Applied::Created, Some(Write::Create { id: id.clone(), spec: spec.clone() })),
+                Some(rule) if rule.spec == *spec => (Applied::Unchanged, None),
+                Some(rule) => (
+                    Applied::Replaced,
+                    Some(Write::Replace { id: id.clone(), spec: spec.clone(), expected: rule.version }),
+                ),
+            };
+            changes.push(FileChange {
+                id: id.clone(),
+                path: descriptor.stats_key(),
+                source: descriptor.source.clone(),
+                applied,
+                version: None,
+            });
+            writes.extend(write);
+        }
+    }
+    if prune != Prune::Nothing {
+        for rule in standing {
+            let Some(descriptor) = rule.spec.descriptor() else { continue };
+            let held = files.domains.get(&descriptor.service);
+            if held.is_some_and(|rules| rules.contains_key(&rule.id)) {
+                continue;
+            }
+            if prune == Prune::SameDomains && held.is_none() {
+                continue;
+            }
+            changes.push(FileChange {
+                id: rule.id.clone(),
+                path: descriptor.stats_key(),
+                source: descriptor.source.clone(),
+                applied: Applied::Deleted,
+                version: None,
+            });
+            writes.push(Write::Delete { id: rule.id.clone(), expected: rule.version });
+        }
+    }
+    (changes, writes)
 }

@@ -135,11 +135,104 @@ impl ApiRules {
     }
 }
 
+/// One node of a service's file tree: the rule that ends there, if any, and its children.
+#[derive(Clone, Debug, Default)]
+struct Node {
+    rule: Option<usize>,
+    /// Children naming a key and an exact value.
+    exact: HashMap<(Arc<str>, Arc<str>), usize>,
+    /// Children whose value is a wildcard, in the file's order: key, pattern, node.
+    wildcards: Vec<(u32, Arc<str>, Arc<str>, usize)>,
+    /// Children naming a key and no value.
+    key_only: HashMap<Arc<str>, usize>,
+}
+
+impl Node {
+    fn has_children(&self) -> bool {
+        !(self.exact.is_empty() && self.wildcards.is_empty() && self.key_only.is_empty())
+    }
+}
+
+/// A service's rules from files, as the tree envoyproxy/ratelimit walks: node 0 is the
+/// domain's root.
+#[derive(Clone, Debug, Default)]
+struct Tree {
+    nodes: Vec<Node>,
+}
+
+impl Tree {
+    fn add(&mut self, index: usize, path: &[crate::PathEntry]) {
+        if self.nodes.is_empty() {
+            self.nodes.push(Node::default());
+        }
+        let mut at = 0;
+        for entry in path {
+            let fresh = self.nodes.len();
+            let node = &mut self.nodes[at];
+            let child = match &entry.value {
+                None => *node.key_only.entry(entry.key.clone()).or_insert(fresh),
+                Some(value) if entry.is_wildcard() => {
+                    match node
+                        .wildcards
+                        .iter()
+                        .find(|(_, key, pattern, _)| *key == entry.key && pattern == value)
+                    {
+                        Some((_, _, _, child)) => *child,
+                        None => {
+                            node.wildcards.push((entry.order, entry.key.clone(), value.clone(), fresh));
+                            node.wildcards.sort_by_key(|(order, ..)| *order);
+                            fresh
+                        }
+                    }
+                }
+                Some(value) => *node.exact.entry((entry.key.clone(), value.clone())).or_insert(fresh),
+            };
+            if child == fresh {
+                self.nodes.push(Node::default());
+            }
+            at = child;
+        }
+        self.nodes[at].rule = Some(index);
+    }
+
+    /// envoyproxy/ratelimit's walk: at each entry, the child naming its key and value, else
+    /// the first wildcard whose pattern its value matches, else the child naming its key
+    /// alone; no backtracking. The rule at the node of the last entry, if the walk gets there.
+    fn walk(&self, entries: &[(&str, &str)]) -> Option<usize> {
+        let mut at = self.nodes.first()?;
+        for (position, (key, value)) in entries.iter().enumerate() {
+            let next = at
+                .exact
+                .get(&(Arc::from(*key), Arc::from(*value)))
+                .or_else(|| {
+                    at.wildcards
+                        .iter()
+                        .find(|(_, named, pattern, _)| {
+                            &**named == *key && crate::wildcard_matches(pattern, value)
+                        })
+                        .map(|(.., child)| child)
+                })
+                .or_else(|| at.key_only.get(*key))?;
+            let node = &self.nodes[*next];
+            if position + 1 == entries.len() {
+                return node.rule;
+            }
+            if !node.has_children() {
+                return None;
+            }
+            at = node;
+        }
+        None
+    }
+}
+
 /// One service's rules.
 #[derive(Clone, Debug, Default)]
 struct ServiceRules {
     by_api: HashMap<Arc<str>, ApiRules>,
     any_api: ApiRules,
+    /// Its rules from files.
+    tree: Tree,
     /// Every rule of the service, in [`Snapshot::service_rules`]' order.
     listed: Vec<usize>,
 }
@@ -180,8 +273,8 @@ impl Snapshot {
         for (before, after) in changed(older, self) {
             if RuleSpec::may_grow(before, after) {
                 for spec in before.into_iter().chain(after) {
-                    if let Target::Service { service, .. } = spec.target() {
-                        grown.insert(service.as_str().to_owned());
+                    if !matches!(spec.target(), Target::Own { .. }) {
+                        grown.insert(spec.target().service().to_owned());
                     }
                 }
             }
@@ -207,12 +300,16 @@ impl Snapshot {
         for (index, rule) in rules.iter().enumerate() {
             let target = rule.spec.target();
             let service = services.entry(target.service().into()).or_default();
+            service.listed.push(index);
+            if let Target::Descriptor(descriptor) = target {
+                service.tree.add(index, &descriptor.path);
+                continue;
+            }
             let api_rules = match target.api() {
                 Some(api) => service.by_api.entry(api.into()).or_default(),
                 None => &mut service.any_api,
             };
             api_rules.add(index, &compiled[index].pairs);
-            service.listed.push(index);
         }
         for service in services.values_mut() {
             // Named APIs first, then the more attributes named, then priority, then id.
@@ -262,6 +359,15 @@ impl Snapshot {
             .get(service)
             .map(|rules| rules.listed.iter().map(|&index| &self.rules[index]).collect())
             .unwrap_or_default()
+    }
+
+    /// The rule of `service`'s files that governs a descriptor of `entries` (every entry, in
+    /// order, `api` among them), walked as envoyproxy/ratelimit walks its configuration to the
+    /// descriptor's full depth; `None` when the walk finds no rule there.
+    /// With the rule, its position in [`Snapshot::rules`] (its policy's too).
+    pub fn walk(&self, service: &str, entries: &[(&str, &str)]) -> Option<(usize, &Rule)> {
+        let index = self.services.get(service)?.tree.walk(entries)?;
+        Some((index, &self.rules[index]))
     }
 
     /// Every rule of `service` that matches a request for `api` with `attributes` (each an

@@ -29,6 +29,8 @@ use chrono::{DateTime, Utc};
 use ratebudget::{Clock, Decision, Fill, Key, Limit, Spend, Spender, Take, Undecided, Which};
 use sha2::{Digest, Sha256};
 
+use rules::PathLimit;
+
 use crate::budgets::{override_buckets, service_buckets, NotLoaded, RuleBudgets};
 
 /// The most descriptors of one request some rule may govern: they are decided together in one
@@ -97,59 +99,8 @@ impl Code {
     }
 }
 
-/// The unit a limit is said in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Unit {
-    /// Per second.
-    Second,
-    /// Per minute.
-    Minute,
-    /// Per hour.
-    Hour,
-    /// Per day.
-    Day,
-    /// Per week (an override's only: a rule's rate is said in the units above).
-    Week,
-    /// Per month of 30 days, as envoyproxy/ratelimit counts one.
-    Month,
-    /// Per year of 365 days, as envoyproxy/ratelimit counts one.
-    Year,
-}
-
-impl Unit {
-    /// Envoy's name for it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Unit::Second => "SECOND",
-            Unit::Minute => "MINUTE",
-            Unit::Hour => "HOUR",
-            Unit::Day => "DAY",
-            Unit::Week => "WEEK",
-            Unit::Month => "MONTH",
-            Unit::Year => "YEAR",
-        }
-    }
-
-    /// A unit from Envoy's name for it.
-    pub fn parse(text: &str) -> Option<Unit> {
-        [Unit::Second, Unit::Minute, Unit::Hour, Unit::Day, Unit::Week, Unit::Month, Unit::Year]
-            .into_iter()
-            .find(|unit| unit.as_str().eq_ignore_ascii_case(text))
-    }
-
-    /// The unit in seconds.
-    pub fn seconds(self) -> f64 {
-        match self {
-            Unit::Second => 1.0,
-            Unit::Minute => 60.0,
-            Unit::Hour => 3600.0,
-            Unit::Day => 86_400.0,
-            Unit::Week => 7.0 * 86_400.0,
-            Unit::Month => 30.0 * 86_400.0,
-            Unit::Year => 365.0 * 86_400.0,
-        }
-    }
-}
+/// The unit a limit is said in: the rules context's, which files name too.
+pub use rules::Unit;
 
 /// A rule's rate as Envoy says a limit: whole requests per unit.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -392,13 +343,31 @@ impl DecideService {
         let compiled = self.budgets.compiled_rules()?;
         let service = request.service.as_str();
         let mut statuses = vec![Status::UNLIMITED; request.descriptors.len()];
-        // Each limited descriptor: its position in the request, its spend, and its rule's id.
-        let mut limited: Vec<(usize, Spend, &str)> = Vec::new();
+        // Each limited descriptor: its position in the request, its spend, and its rule's name
+        // in metrics and response fields.
+        let mut limited: Vec<(usize, Spend, String)> = Vec::new();
         let service_has_rules = compiled.snapshot.has_service(service);
-        // Each override of `requests_per_unit: 0`: its position and limit (refused, no take).
+        // Each override or file limit of `requests_per_unit: 0`: its position and limit
+        // (refused, no take).
         let mut refuse_all: Vec<(usize, CurrentLimit)> = Vec::new();
+        let governing: Vec<Option<Governed<'_>>> = request
+            .descriptors
+            .iter()
+            .map(|descriptor| governing_bucket(&compiled.snapshot, service, &descriptor.entries))
+            .collect();
+        // A file's `replaces`: a limit named by another that governs a descriptor of the same
+        // request is dropped, as envoyproxy/ratelimit drops it.
+        let replaced: std::collections::HashSet<&str> = governing
+            .iter()
+            .flatten()
+            .filter_map(|governed| governed.rule.spec.descriptor())
+            .flat_map(|rule| rule.replaces.iter().map(String::as_str))
+            .collect();
         for (position, descriptor) in request.descriptors.iter().enumerate() {
-            let governed = governing_bucket(&compiled.snapshot, service, &descriptor.entries);
+            let governed = governing[position].filter(|governed| {
+                let name = governed.rule.spec.descriptor().and_then(|rule| rule.name.as_deref());
+                name.is_none_or(|name| !replaced.contains(name))
+            });
             // Envoy's override, for a service plexsphere decides for (as envoyproxy/ratelimit
             // applies one for a domain it has configuration of): the override's limit, in a
             // bucket keyed by every entry and the override, so requests with an override never
@@ -427,16 +396,45 @@ impl DecideService {
                     limit: budget,
                     enforcement,
                 };
-                limited.push((position, spend, rule_id));
+                statuses[position].current_limit = Some(current);
+                limited.push((position, spend, rule_id.to_owned()));
                 continue;
             }
             let Some(governed) = governed else {
                 continue;
             };
+            let policy = compiled.policies[governed.index];
+            let mut label = governed.rule.id.as_str().to_owned();
+            if let Some(file_rule) = governed.rule.spec.descriptor() {
+                label = file_rule.metric_name(descriptor.entries.iter().map(|entry| entry.value.as_str()));
+                let PathLimit::PerUnit { requests_per_unit, unit } = file_rule.limit else {
+                    // No limit where the walk ended: OK, no limit, 0 remaining; unlimited: OK,
+                    // every request remaining (envoyproxy/ratelimit's answers). No statement.
+                    if file_rule.limit == PathLimit::Unlimited {
+                        statuses[position].limit_remaining = Some(u32::MAX);
+                    }
+                    continue;
+                };
+                let current = CurrentLimit {
+                    rule_id: file_rule.name.clone().unwrap_or_default(),
+                    requests_per_unit,
+                    unit,
+                };
+                statuses[position].current_limit = Some(current.clone());
+                if requests_per_unit == 0 {
+                    // 0 a unit refuses every request (or, in shadow mode, would), no statement.
+                    if policy.enforcement.is_shadow() {
+                        self.observer.ruled(service, &label, Verdict::ShadowOverLimit);
+                    } else {
+                        refuse_all.push((position, current));
+                        self.observer.ruled(service, &label, Verdict::OverLimit);
+                    }
+                    continue;
+                }
+            }
             // Every cost up to 2^53 is exact as a float, and above it a cost is above every
             // burst (`Limit::MAX_BURST` is 1e15): the take answers `InsufficientCapacity`.
             let hits = descriptor.hits_addend.unwrap_or(request.hits_addend).max(1);
-            let policy = compiled.policies[governed.index];
             let spend = Spend {
                 name: service_buckets(),
                 key: governed.key,
@@ -444,7 +442,11 @@ impl DecideService {
                 limit: policy.limit,
                 enforcement: policy.enforcement,
             };
-            limited.push((position, spend, governed.rule.id.as_str()));
+            if statuses[position].current_limit.is_none() {
+                statuses[position].current_limit =
+                    Some(CurrentLimit::of(governed.rule.id.as_str(), policy.limit));
+            }
+            limited.push((position, spend, label));
         }
         for (position, current) in refuse_all {
             statuses[position].code = Code::OverLimit;
@@ -474,7 +476,6 @@ impl DecideService {
         let mut binding: Option<(u32, usize)> = None;
         for (slot, (position, spend, rule_id)) in limited.iter().enumerate() {
             let status = &mut statuses[*position];
-            status.current_limit = Some(current_limit(&request.descriptors[*position], rule_id, spend.limit));
             let at = which[slot];
             match &decision {
                 Decision::Granted(grant) => {
@@ -537,10 +538,9 @@ impl DecideService {
 /// The answer to a request with more governed descriptors than one statement decides: each
 /// enforced one over the limit and nothing spent (a SHADOW rule's admits), so that no caller
 /// gets past a limit by adding descriptors.
-fn too_many_limited(mut statuses: Vec<Status>, limited: &[(usize, Spend, &str)]) -> Answer {
-    for (position, spend, rule_id) in limited {
+fn too_many_limited(mut statuses: Vec<Status>, limited: &[(usize, Spend, String)]) -> Answer {
+    for (position, spend, _) in limited {
         let status = &mut statuses[*position];
-        status.current_limit = Some(CurrentLimit::of(rule_id, spend.limit));
         if spend.enforcement.mode == ratebudget::Mode::Enforce {
             status.code = Code::OverLimit;
         }
@@ -548,19 +548,6 @@ fn too_many_limited(mut statuses: Vec<Status>, limited: &[(usize, Spend, &str)])
     let overall =
         if statuses.iter().any(|status| status.code == Code::OverLimit) { Code::OverLimit } else { Code::Ok };
     Answer { overall, statuses, headers: Vec::new() }
-}
-
-/// What a governed descriptor's status says of its limit: its override as Envoy gave it, else
-/// its rule's rate in the smallest unit in which it is whole.
-fn current_limit(descriptor: &Descriptor, rule_id: &str, limit: Limit) -> CurrentLimit {
-    match descriptor.limit {
-        Some(given) => CurrentLimit {
-            rule_id: rule_id.to_owned(),
-            requests_per_unit: given.requests_per_unit,
-            unit: given.unit,
-        },
-        None => CurrentLimit::of(rule_id, limit),
-    }
 }
 
 /// An override's bucket: SHA-256 over the service, every entry in order and the override,
@@ -615,6 +602,13 @@ pub fn governing_bucket<'s>(
     service: &str,
     entries: &[Entry],
 ) -> Option<Governed<'s>> {
+    // A service's files first, as envoyproxy/ratelimit walks them: every entry, in order.
+    let all: Vec<(&str, &str)> =
+        entries.iter().map(|entry| (entry.key.as_str(), entry.value.as_str())).collect();
+    if let Some((index, rule)) = snapshot.walk(service, &all) {
+        let file_rule = rule.spec.descriptor()?;
+        return Some(Governed { index, rule, key: path_key(service, rule.id.as_str(), file_rule, &all) });
+    }
     let api = entries.iter().find(|entry| entry.key == "api").map(|entry| entry.value.as_str());
     let attributes: Vec<(&str, &str)> = entries
         .iter()
@@ -648,6 +642,27 @@ pub fn runtime_key(service: &str, rule: &str, api: Option<&str>, keyed_by: &[(&s
     // same values by the entries' order, and must not share a row under two limits (a pair of
     // them would be a take the store refuses, which Envoy admits).
     key_of(["rule-keyed", service, rule].into_iter().chain(api).chain(attributes))
+}
+
+/// A file rule's bucket for a descriptor of `entries` (which its path matched, level for
+/// level): SHA-256 over the service, the rule and each entry's key and value, where an entry
+/// its path matched by a wildcard with `share_threshold` gives the wildcard instead, so that
+/// every value it matches shares one bucket (envoyproxy/ratelimit's cache key is the
+/// descriptor's entries likewise).
+pub fn path_key(
+    service: &str,
+    rule: &str,
+    file_rule: &rules::DescriptorRule,
+    entries: &[(&str, &str)],
+) -> Key {
+    let levels = file_rule.path.iter().zip(entries).flat_map(|(level, (key, value))| {
+        let value = match &level.value {
+            Some(pattern) if level.share_threshold => &**pattern,
+            _ => *value,
+        };
+        [*key, value]
+    });
+    key_of(["path", service, rule].into_iter().chain(levels))
 }
 
 /// A bucket's key: the first 64 bits of SHA-256 over `fields`, each length-prefixed so no two

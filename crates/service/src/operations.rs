@@ -608,6 +608,41 @@ impl Operations {
         Ok(version)
     }
 
+    /// Makes the rules stand as envoyproxy/ratelimit's configuration `files` say, in one
+    /// transaction ([`rules::RulesService::apply`]), each change audited as a `PUT` or a
+    /// `DELETE` of the rule is, and heard by every replica; with `dry_run`, only says what it
+    /// would do.
+    ///
+    /// # Errors
+    /// A store that could not answer, or rules that kept changing under the apply (nothing
+    /// written); an audit entry that could not be written after the changes were.
+    pub async fn apply_rule_files(
+        &self,
+        actor: audit::Actor,
+        files: &rules::files::FileRules,
+        prune: rules::Prune,
+        dry_run: bool,
+    ) -> Result<Vec<rules::FileChange>, OperationError> {
+        let rules_actor = rules_actor(&actor)?;
+        let changes = self.rules.apply(files, prune, dry_run, &rules_actor).await?;
+        let written: Vec<&rules::FileChange> =
+            changes.iter().filter(|change| change.version.is_some()).collect();
+        if written.is_empty() {
+            return Ok(changes);
+        }
+        tracing::info!(changes = written.len(), actor = rules_actor.as_str(), "applied rules from files");
+        self.reload_rules().await;
+        for change in written {
+            let action = match change.applied {
+                rules::Applied::Deleted => audit::Action::DeleteRule,
+                _ => audit::Action::PutRule,
+            };
+            let version = change.version.expect("filtered on a version");
+            self.record_rule_change(actor.clone(), action, &change.id, version).await?;
+        }
+        Ok(changes)
+    }
+
     /// Records a rule change: who, what, which rule and the version the change made. The
     /// rule's own history has it too, written with the change itself.
     async fn record_rule_change(

@@ -126,6 +126,11 @@ pub const INGEST_DOMAIN_FAIL_MODE: &str = "PLEXSPHERE_INGEST_DOMAIN_FAIL_MODE";
 /// `PLEXSPHERE_RULES_POLL_INTERVAL_MS`: how often a replica checks, besides listening, that
 /// its rules and Domain tiers are current.
 pub const RULES_POLL_INTERVAL_MS: &str = "PLEXSPHERE_RULES_POLL_INTERVAL_MS";
+/// `PLEXSPHERE_RULES_DIR`: a directory of envoyproxy/ratelimit configuration files the leader
+/// applies (with prune) at start and within a few seconds of any change in it.
+pub const RULES_DIR: &str = "PLEXSPHERE_RULES_DIR";
+/// `PLEXSPHERE_RULES_DIR_INTERVAL_MS`: how often the leader looks at `PLEXSPHERE_RULES_DIR`.
+pub const RULES_DIR_INTERVAL_MS: &str = "PLEXSPHERE_RULES_DIR_INTERVAL_MS";
 /// `PLEXSPHERE_RULE_USAGE_FLUSH_INTERVAL_MS`: how often a replica adds the decisions it
 /// counted per rule to the usage rows.
 pub const RULE_USAGE_FLUSH_INTERVAL_MS: &str = "PLEXSPHERE_RULE_USAGE_FLUSH_INTERVAL_MS";
@@ -376,6 +381,15 @@ pub struct Knobs {
     /// 600000).
     #[arg(long, env = RULES_POLL_INTERVAL_MS, value_name = RULES_POLL_INTERVAL_MS, value_parser = clap::value_parser!(u64).range(100..=600_000), default_value_t = 5000)]
     pub rules_poll_interval_ms: u64,
+    /// A directory of envoyproxy/ratelimit configuration files (a mounted ConfigMap works as
+    /// it is; hidden entries are skipped): the leader applies them as `plexsphere rules apply
+    /// --prune` would, at start and within PLEXSPHERE_RULES_DIR_INTERVAL_MS of any change, and
+    /// deletes the rules applied from files that it no longer holds. Empty: none.
+    #[arg(long, env = RULES_DIR, value_name = RULES_DIR, default_value = "")]
+    pub rules_dir: String,
+    /// How often the leader looks for changes in PLEXSPHERE_RULES_DIR (100 to 600000).
+    #[arg(long, env = RULES_DIR_INTERVAL_MS, value_name = RULES_DIR_INTERVAL_MS, value_parser = clap::value_parser!(u64).range(100..=600_000), default_value_t = 2000)]
+    pub rules_dir_interval_ms: u64,
     /// How often the replica adds the decisions it counted per rule and minute to the usage
     /// rows, in one statement (50 to 600000).
     #[arg(long, env = RULE_USAGE_FLUSH_INTERVAL_MS, value_name = RULE_USAGE_FLUSH_INTERVAL_MS, value_parser = clap::value_parser!(u64).range(50..=600_000), default_value_t = 10_000)]
@@ -717,6 +731,10 @@ pub struct BudgetsConfig {
     pub rules_poll_interval: Duration,
     /// How often the replica flushes its rule usage counts.
     pub rule_usage_flush_interval: Duration,
+    /// The directory of envoyproxy/ratelimit files the leader applies, if any.
+    pub rules_dir: Option<std::path::PathBuf>,
+    /// How often the leader looks at it.
+    pub rules_dir_interval: Duration,
 }
 
 /// Secret values.
@@ -838,6 +856,10 @@ impl Config {
                 sweep_interval: Duration::from_secs(knobs.sweep_interval_secs),
                 rules_poll_interval: Duration::from_millis(knobs.rules_poll_interval_ms),
                 rule_usage_flush_interval: Duration::from_millis(knobs.rule_usage_flush_interval_ms),
+                rules_dir: Some(knobs.rules_dir.trim())
+                    .filter(|dir| !dir.is_empty())
+                    .map(std::path::PathBuf::from),
+                rules_dir_interval: Duration::from_millis(knobs.rules_dir_interval_ms),
             },
             secrets: SecretsConfig { keyring, cache_capacity: knobs.secret_cache_capacity },
             ingest_max_batch_bytes: knobs.ingest_max_batch_bytes,

@@ -43,9 +43,18 @@ pub(super) struct SpecBody {
     #[serde(skip_serializing_if = "Option::is_none")]
     scope: Option<&'static str>,
     selector: Value,
-    rate: f64,
-    per_ms: u32,
-    burst: f64,
+    /// How it matches a request: `selector` (its attributes among the request's), or
+    /// `descriptor_path` (a file's path, entry by entry, to the descriptor's full depth).
+    matching: &'static str,
+    /// A file's rule: its path and what its file says (`null` for any other rule).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    descriptor: Option<Value>,
+    /// Where it came from: `api` (written by `PUT`), or the file it was applied from.
+    source: String,
+    /// `null` for a file's rule that never spends (unlimited, no limit, 0 a unit).
+    rate: Option<f64>,
+    per_ms: Option<u32>,
+    burst: Option<f64>,
     algorithm: &'static str,
     mode: &'static str,
     fail_mode: &'static str,
@@ -72,7 +81,45 @@ pub(super) fn target_selector_json(target: &rules::Target) -> Value {
                 .map(|(attribute, pattern)| (attribute.to_string(), Value::from(pattern.as_str())))
                 .collect(),
         ),
+        rules::Target::Descriptor(_) => Value::Object(Map::new()),
     }
+}
+
+/// A file rule's path and what its file says, as the API shows them.
+fn descriptor_json(rule: &rules::DescriptorRule) -> Value {
+    let path: Vec<Value> = rule
+        .path
+        .iter()
+        .map(|entry| {
+            let mut level = Map::new();
+            level.insert("key".into(), Value::from(&*entry.key));
+            if let Some(value) = &entry.value {
+                level.insert("value".into(), Value::from(&**value));
+            }
+            if entry.share_threshold {
+                level.insert("share_threshold".into(), Value::Bool(true));
+            }
+            Value::Object(level)
+        })
+        .collect();
+    let limit = match rule.limit {
+        rules::PathLimit::PerUnit { requests_per_unit, unit } => {
+            serde_json::json!({ "requests_per_unit": requests_per_unit, "unit": unit.as_str() })
+        }
+        rules::PathLimit::Unlimited => serde_json::json!({ "unlimited": true }),
+        rules::PathLimit::Unset => Value::Null,
+    };
+    serde_json::json!({
+        "path": path,
+        "stats_key": rule.stats_key(),
+        "rate_limit": limit,
+        "name": rule.name,
+        "replaces": rule.replaces,
+        "shadow_mode": rule.shadow_mode,
+        "quota_mode": rule.quota_mode,
+        "detailed_metric": rule.detailed_metric,
+        "value_to_metric": rule.value_to_metric,
+    })
 }
 
 pub(super) fn spec_body(spec: &rules::RuleSpec) -> SpecBody {
@@ -81,13 +128,16 @@ pub(super) fn spec_body(spec: &rules::RuleSpec) -> SpecBody {
         service: target.service().to_owned(),
         api: match target {
             rules::Target::Service { api, .. } => Some(api.as_str().to_owned()),
-            rules::Target::Own { .. } => None,
+            rules::Target::Own { .. } | rules::Target::Descriptor(_) => None,
         },
         scope: spec.scope().map(ratebudget::Scope::as_str),
         selector: target_selector_json(target),
-        rate: spec.rate(),
-        per_ms: spec.per_ms(),
-        burst: spec.burst(),
+        matching: if spec.descriptor().is_some() { "descriptor_path" } else { "selector" },
+        descriptor: spec.descriptor().map(descriptor_json),
+        source: spec.descriptor().map_or_else(|| "api".to_owned(), |rule| rule.source.clone()),
+        rate: spec.spends().then_some(spec.rate()),
+        per_ms: spec.spends().then_some(spec.per_ms()),
+        burst: spec.spends().then_some(spec.burst()),
         algorithm: spec.algorithm().as_str(),
         mode: spec.mode().as_str(),
         fail_mode: spec.fail_mode().as_str(),

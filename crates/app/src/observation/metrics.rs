@@ -144,6 +144,28 @@ struct FlushLabels {
     outcome: SweepOutcomeLabel,
 }
 
+/// What one look at `PLEXSPHERE_RULES_DIR` came to.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum RulesDirOutcome {
+    /// Its files changed, and the rules now stand as they say.
+    applied,
+    /// A file was refused: nothing of any file was applied.
+    refused,
+    /// The store could not answer: tried again at the next look.
+    error,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RulesDirLabels {
+    outcome: RulesDirOutcome,
+}
+
+/// The most distinct rule labels the per-rule decision counts take (a file's
+/// `detailed_metric` names each value); decisions past it are counted under `other`, so a
+/// caller's values cannot grow the registry without bound.
+const MAX_RULE_LABELS: usize = 5_000;
+
 /// The process's metrics; cheap to clone (one reference count: every request clones it, and
 /// a clone of each family's own handle was most of a request's CPU), clones share the registry.
 #[derive(Clone)]
@@ -174,6 +196,8 @@ pub struct Families {
     precheck_buckets: Gauge,
     limits_probe: Arc<Mutex<Option<LimitsProbe>>>,
     usage_flushes: Family<FlushLabels, Counter>,
+    rules_dir_applies: Family<RulesDirLabels, Counter>,
+    rule_labels: Mutex<std::collections::HashSet<(String, String)>>,
     leased_grants: Family<BudgetLabels, Counter>,
     leased_tokens: Family<BudgetLabels, Counter<f64, AtomicU64>>,
     lease_refunded_tokens: Family<BudgetLabels, Counter<f64, AtomicU64>>,
@@ -320,6 +344,12 @@ impl Metrics {
             "Flushes of this replica's per-rule decision counts to the usage rows (error: kept for the next)",
             usage_flushes.clone(),
         );
+        let rules_dir_applies = Family::<RulesDirLabels, Counter>::default();
+        registry.register(
+            "rules_dir_applies",
+            "Applies of PLEXSPHERE_RULES_DIR's files by the leader, by outcome (refused: a file envoyproxy/ratelimit would refuse; nothing applied)",
+            rules_dir_applies.clone(),
+        );
         let leased_grants = Family::<BudgetLabels, Counter>::default();
         registry.register(
             "rate_budget_leased_grants",
@@ -362,6 +392,8 @@ impl Metrics {
             precheck_buckets,
             limits_probe: Arc::default(),
             usage_flushes,
+            rules_dir_applies,
+            rule_labels: Mutex::default(),
             leased_grants,
             leased_tokens,
             lease_refunded_tokens,
@@ -463,6 +495,11 @@ impl Metrics {
         self.usage_flushes.get_or_create(&FlushLabels { outcome }).inc();
     }
 
+    /// Counts one apply of `PLEXSPHERE_RULES_DIR`.
+    pub fn rules_dir_apply(&self, outcome: RulesDirOutcome) {
+        self.rules_dir_applies.get_or_create(&RulesDirLabels { outcome }).inc();
+    }
+
     /// Counts one sweep and the rows it deleted (`None` when it failed).
     pub fn sweep(&self, deleted: Option<u64>) {
         let outcome = if deleted.is_some() { SweepOutcomeLabel::ok } else { SweepOutcomeLabel::error };
@@ -516,6 +553,16 @@ impl service::DecideObserver for Metrics {
     }
 
     fn ruled(&self, service: &str, rule: &str, verdict: service::decide::Verdict) {
+        let rule = {
+            let mut known = lock(&self.0.rule_labels);
+            let pair = (service.to_owned(), rule.to_owned());
+            if known.contains(&pair) || known.len() < MAX_RULE_LABELS {
+                known.insert(pair);
+                rule
+            } else {
+                "other"
+            }
+        };
         let labels =
             RuleLabels { service: service.to_owned(), rule: rule.to_owned(), verdict: verdict.as_str() };
         self.0.rule_decisions.get_or_create(&labels).inc();

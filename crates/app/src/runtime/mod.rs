@@ -6,4 +6,5 @@ pub mod followers;
 pub mod leader;
 pub mod listener;
 pub mod readiness;
+pub mod rules_dir;
 pub mod sweep;

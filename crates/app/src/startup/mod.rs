@@ -29,7 +29,7 @@ use crate::observation::otlp::OtlpExport;
 use crate::runtime::followers::{self, Resets, Revocations, SecretChanges};
 use crate::runtime::leader::{self, LeaderLookup, LeaderTiming, Leadership};
 use crate::runtime::readiness::Readiness;
-use crate::runtime::{listener, sweep};
+use crate::runtime::{listener, rules_dir, sweep};
 
 mod adapters;
 mod pools;
@@ -266,6 +266,7 @@ impl Application {
         let operations =
             Operations::new(api_access.clone(), api_rules.clone(), audit.clone(), Arc::new(store.clone()))
                 .on_replica(Replica { budgets: rule_budgets.clone(), precheck: guard.clone() });
+        let rules_dir_operations = operations.clone();
         let state = AppState::new(Handles {
             access: api_access,
             secrets: bind_secrets(&config, &api_statements, &spender, &secret_cache),
@@ -380,6 +381,19 @@ impl Application {
                 shutdown.clone(),
             ),
         );
+        if let Some(directory) = config.budgets.rules_dir.clone() {
+            tasks.add(
+                rules_dir::LOOP_NAME,
+                rules_dir::run(
+                    directory,
+                    rules_dir_operations,
+                    leadership.clone(),
+                    metrics.clone(),
+                    config.budgets.rules_dir_interval,
+                    shutdown.clone(),
+                ),
+            );
+        }
         tasks.add("the leader elector", elector);
         tasks.add("the clock discipline", time.task);
         tasks.add(

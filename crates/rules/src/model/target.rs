@@ -196,6 +196,9 @@ pub enum Target {
         /// The Domains.
         selector: Selector,
     },
+    /// Another service's requests whose descriptor a file's path matches to its full depth
+    /// (envoyproxy/ratelimit's configuration).
+    Descriptor(Arc<super::DescriptorRule>),
     /// Another service's requests.
     Service {
         /// The service (never [`OWN_SERVICE`]).
@@ -213,6 +216,7 @@ impl Target {
         match self {
             Target::Own { .. } => OWN_SERVICE,
             Target::Service { service, .. } => service.as_str(),
+            Target::Descriptor(rule) => rule.service.as_str(),
         }
     }
 
@@ -222,6 +226,7 @@ impl Target {
             Target::Own { scope, .. } => Some(scope.as_str()),
             Target::Service { api: Api::Any, .. } => None,
             Target::Service { api: Api::Named(name), .. } => Some(name),
+            Target::Descriptor(_) => None,
         }
     }
 
@@ -236,6 +241,7 @@ impl Target {
             Target::Service { selector, .. } => {
                 selector.pairs().iter().map(|(key, pattern)| (&**key, pattern.clone())).collect()
             }
+            Target::Descriptor(_) => Vec::new(),
         }
     }
 }
