@@ -18,6 +18,7 @@ mod architecture;
 mod coalescing;
 mod database_pgbouncer;
 mod decide;
+mod envoy_ratelimit;
 mod faults_clock;
 mod faults_database;
 mod faults_failover;

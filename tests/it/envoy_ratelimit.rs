@@ -1,0 +1,275 @@
+//! plexsphere as a drop-in for envoyproxy/ratelimit (issue 34): its configuration files applied
+//! as they are (`plexsphere rules apply`, `PLEXSPHERE_RULES_DIR`), refused for what it
+//! refuses with nothing changed, and its answers over Envoy's protocol (through the
+//! independent Python grpcio client, `support::grpc`).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ratebudget::ManualClock;
+use serde_json::{json, Value};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+
+use crate::support::grpc;
+use crate::support::helpers::instant;
+use crate::support::process::{database_url, BINARY};
+use crate::support::replicas::{config, eventually, Replica};
+
+const DECIDE_TOKEN: &str = "envoy-decide-token-0123456789";
+
+async fn service(connect: &PgConnectOptions, knobs: &[(&str, &str)]) -> Replica {
+    let token = format!("envoy:{DECIDE_TOKEN}");
+    let mut all =
+        vec![("PLEXSPHERE_DECIDE_TOKENS", token.as_str()), ("PLEXSPHERE_GRPC_LISTEN", "127.0.0.1:0")];
+    all.extend_from_slice(knobs);
+    Replica::start(config(connect, &all), Arc::new(ManualClock::new(instant()))).await
+}
+
+/// A directory of its own under the system's temporary one, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> Scratch {
+        let path = std::env::temp_dir().join(format!("plexsphere-envoy-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&path).unwrap();
+        Scratch(path)
+    }
+
+    fn write(&self, name: &str, text: &str) -> &Scratch {
+        std::fs::write(self.0.join(name), text).unwrap();
+        self
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+const MESSAGING: &str = "
+domain: messaging
+descriptors:
+  - key: message_type
+    value: marketing
+    descriptors:
+      - key: to_number
+        rate_limit:
+          unit: day
+          requests_per_unit: 5
+  - key: to_number
+    rate_limit:
+      unit: day
+      requests_per_unit: 100
+";
+
+/// Every rule as it stands: id, version, and its row's content as text.
+async fn rules_as_stored(pool: &PgPool) -> Vec<(String, i64, String)> {
+    sqlx::query_as(
+        "SELECT rule_id, version, concat_ws('|', service, descriptor::text, source, rate, per_ms, burst, mode) \
+         FROM plexsphere.rules ORDER BY rule_id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+async fn apply(connect: &PgConnectOptions, paths: &[&Path], prune: bool, dry_run: bool) -> String {
+    let paths: Vec<PathBuf> = paths.iter().map(|path| path.to_path_buf()).collect();
+    let prune = if prune { rules::Prune::SameDomains } else { rules::Prune::Nothing };
+    let mut printed = Vec::new();
+    app::cli::apply_rules(connect.clone(), &paths, prune, dry_run, &mut printed).await.unwrap();
+    String::from_utf8(printed).unwrap()
+}
+
+fn one(domain: &str, entries: &[(&str, &str)]) -> Value {
+    let entries: Vec<Value> = entries.iter().map(|(key, value)| json!([key, value])).collect();
+    json!({ "token": DECIDE_TOKEN, "domain": domain, "descriptors": [{ "entries": entries }] })
+}
+
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
+async fn applying_files_prints_each_change_is_idempotent_prunes_is_audited_and_every_replica_hears(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let pool = pool.connect_with(connect.clone()).await.unwrap();
+    let replica = service(&connect, &[]).await;
+    let grpc_at = replica.grpc.unwrap();
+    let files = Scratch::new();
+    files.write("messaging.yaml", MESSAGING);
+
+    let dry = apply(&connect, &[&files.0], false, true).await;
+    assert_eq!(dry.matches("created ").count(), 2, "{dry}");
+    assert!(dry.contains("dry run: 2 change(s) would be made, none was"), "{dry}");
+    assert!(rules_as_stored(&pool).await.is_empty(), "a dry run writes nothing");
+
+    let first = apply(&connect, &[&files.0], false, false).await;
+    assert!(
+        first.contains("messaging.message_type_marketing.to_number from messaging.yaml (version 1)"),
+        "{first}"
+    );
+    // Every replica hears of it as of a PUT: within a second, by notification.
+    let marketing = one("messaging", &[("message_type", "marketing"), ("to_number", "2061111111")]);
+    eventually(Duration::from_secs(1), "the replica decides by the applied files", || async {
+        let answer = grpc::call(grpc_at, marketing.clone()).await;
+        answer["response"]["statuses"][0]["current_limit"]
+            == json!({ "name": "", "requests_per_unit": 5, "unit": "DAY" })
+    })
+    .await;
+
+    let stored = rules_as_stored(&pool).await;
+    let again = apply(&connect, &[&files.0.join("messaging.yaml")], true, false).await;
+    assert_eq!(again.matches("unchanged ").count(), 2, "{again}");
+    assert!(again.contains("0 change(s) made"), "{again}");
+    assert_eq!(rules_as_stored(&pool).await, stored, "the same files change nothing, however named");
+
+    // The marketing limit goes, the per-number one changes: replaced, and with --prune deleted.
+    files.write(
+        "messaging.yaml",
+        "domain: messaging\ndescriptors:\n  - key: to_number\n    rate_limit: {unit: hour, requests_per_unit: 10}\n",
+    );
+    let kept = apply(&connect, &[&files.0], false, false).await;
+    assert!(kept.contains("replaced  messaging.to_number"), "{kept}");
+    assert!(!kept.contains("deleted"), "without --prune nothing is deleted: {kept}");
+    let pruned = apply(&connect, &[&files.0], true, false).await;
+    assert!(pruned.contains("deleted   messaging.message_type_marketing.to_number"), "{pruned}");
+    assert_eq!(rules_as_stored(&pool).await.len(), 1);
+
+    // Each change is a version in the rule's history and an audit entry of the command line.
+    let audited: Vec<(String, String)> = sqlx::query_as(
+        "SELECT actor, action FROM plexsphere.audit_events WHERE rule_id IS NOT NULL ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let actions: Vec<&str> = audited.iter().map(|(_, action)| action.as_str()).collect();
+    assert_eq!(actions, ["rule.put", "rule.put", "rule.put", "rule.delete"]);
+    assert!(audited.iter().all(|(actor, _)| actor == "<cli>"));
+    let history: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM plexsphere.rule_versions").fetch_one(&pool).await.unwrap();
+    assert_eq!(history, 4);
+
+    // GET /v1/rules says how each rule matches and where it came from.
+    let listed = replica.operator(reqwest::Method::GET, "/v1/rules?service=messaging", None).await;
+    let rule = &listed.body[0];
+    assert_eq!(rule["matching"], "descriptor_path", "{listed:?}");
+    assert_eq!(rule["source"], "messaging.yaml");
+    assert_eq!(rule["descriptor"]["stats_key"], "messaging.to_number");
+    assert_eq!(rule["descriptor"]["rate_limit"], json!({ "requests_per_unit": 10, "unit": "HOUR" }));
+}
+
+/// Item 1: each file envoyproxy/ratelimit refuses is refused, naming the file and the
+/// descriptor path; the command exits non-zero and nothing of any file is applied.
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
+async fn a_refused_file_is_named_with_its_descriptor_path_and_nothing_of_any_file_is_applied(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let pool = pool.connect_with(connect.clone()).await.unwrap();
+    let files = Scratch::new();
+    files.write("messaging.yaml", MESSAGING);
+    apply(&connect, &[&files.0], false, false).await;
+    let before = rules_as_stored(&pool).await;
+    // The good file changed too: none of it may land when another file is refused.
+    files.write(
+        "messaging.yaml",
+        "domain: messaging\ndescriptors:\n  - key: to_number\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    );
+    let refusals: &[(&str, &str, &str)] = &[
+        ("domain: d\ndescriptors:\n  - key: a\n    rate_limt: {unit: second}\n", "", "unknown key 'rate_limt'"),
+        ("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n", "d.a", "invalid rate limit unit"),
+        ("domain: d\ndescriptors:\n  - key: a\n    value: b\n  - key: a\n    value: b\n", "d.a_b", "duplicate descriptor composite key"),
+        ("domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: ''\n", "d.a", "descriptor has empty key"),
+        ("descriptors:\n  - key: a\n", "", "config file cannot have empty domain"),
+        ("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, unit: second}\n", "d.a", "should not specify rate limit unit when unlimited"),
+        ("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: ''}]}\n", "d.a", "empty replaces entry"),
+        ("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {name: n, unit: second, requests_per_unit: 1, replaces: [{name: n}]}\n", "d.a", "name of same descriptor"),
+        ("domain: d\ndescriptors:\n  - key: a\n    value: b\n    share_threshold: true\n", "d.a_b", "share_threshold"),
+        ("domain: d\ndescriptors: [key: a\n", "", "error loading config file"),
+        ("domain: messaging\n", "", "duplicate domain 'messaging'"),
+    ];
+    for (text, path, reason) in refusals {
+        files.write("zz-refused.yaml", text);
+        let output = std::process::Command::new(BINARY)
+            .args(["rules", "apply"])
+            .arg(&files.0)
+            .env("DATABASE_URL", database_url(&connect))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{text}: {stderr}");
+        let named = if path.is_empty() {
+            "zz-refused.yaml: ".to_owned()
+        } else {
+            format!("zz-refused.yaml: {path}: ")
+        };
+        assert!(stderr.contains(&named) && stderr.contains(reason), "{text}: {stderr}");
+        assert_eq!(rules_as_stored(&pool).await, before, "{text}: nothing changed");
+    }
+}
+
+/// Item 1: the leader applies `PLEXSPHERE_RULES_DIR` at start and within seconds of a change,
+/// laid out as Kubernetes mounts a ConfigMap (visible links into a hidden `..data` that is
+/// swapped whole); a refused file is counted and changes nothing.
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
+async fn the_leader_applies_a_mounted_configmap_and_each_change_to_it(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let pool = pool.connect_with(connect.clone()).await.unwrap();
+    let mount = Scratch::new();
+    let version = |name: &str, text: &str| {
+        let data = mount.0.join(name);
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::write(data.join("config.yaml"), text).unwrap();
+        // The kubelet's swap: a new link, renamed over `..data` in one step.
+        let link = mount.0.join("..data_tmp");
+        std::os::unix::fs::symlink(name, &link).unwrap();
+        std::fs::rename(&link, mount.0.join("..data")).unwrap();
+    };
+    version("..2026_12_04_01", MESSAGING);
+    std::os::unix::fs::symlink("..data/config.yaml", mount.0.join("config.yaml")).unwrap();
+
+    let directory = mount.0.display().to_string();
+    let replica = service(
+        &connect,
+        &[("PLEXSPHERE_RULES_DIR", directory.as_str()), ("PLEXSPHERE_RULES_DIR_INTERVAL_MS", "200")],
+    )
+    .await;
+    eventually(Duration::from_secs(10), "the leader applies the directory", || async {
+        rules_as_stored(&pool).await.len() == 2
+    })
+    .await;
+    let stored = rules_as_stored(&pool).await;
+    assert!(stored.iter().all(|(_, _, row)| row.contains("|config.yaml|")), "{stored:?}");
+
+    version("..2026_12_04_02", "domain: messaging\ndescriptors:\n  - key: to_number\n    rate_limit: {unit: minute, requests_per_unit: 7}\n");
+    eventually(Duration::from_secs(5), "the change is applied, with prune", || async {
+        let stored = rules_as_stored(&pool).await;
+        stored.len() == 1 && stored[0].1 == 2
+    })
+    .await;
+    let grpc_at = replica.grpc.unwrap();
+    eventually(Duration::from_secs(2), "the replica decides by it", || async {
+        let answer = grpc::call(grpc_at, one("messaging", &[("to_number", "1")])).await;
+        answer["response"]["statuses"][0]["current_limit"]["requests_per_unit"] == 7
+    })
+    .await;
+
+    let applied = rules_as_stored(&pool).await;
+    version("..2026_12_04_03", "domain: messaging\ndescriptors:\n  - key: to_number\n    rate_limit: {unit: minute}\n    typo: true\n");
+    eventually(Duration::from_secs(5), "the refusal is counted", || async {
+        let metrics = replica.get("/metrics", None).await.body.as_str().unwrap_or_default().to_owned();
+        metrics.contains("plexsphere_rules_dir_applies_total{outcome=\"refused\"} 1")
+    })
+    .await;
+    assert_eq!(rules_as_stored(&pool).await, applied, "a refused file changes nothing");
+    let audited: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM plexsphere.audit_events WHERE actor = '<rules-dir>'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(audited, 4, "two created, one replaced, one deleted");
+}
