@@ -76,6 +76,10 @@ async fn rules_as_stored(pool: &PgPool) -> Vec<(String, i64, String)> {
     .unwrap()
 }
 
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
+}
+
 async fn apply(connect: &PgConnectOptions, paths: &[&Path], prune: bool, dry_run: bool) -> String {
     let paths: Vec<PathBuf> = paths.iter().map(|path| path.to_path_buf()).collect();
     let prune = if prune { rules::Prune::SameDomains } else { rules::Prune::Nothing };
@@ -160,53 +164,51 @@ async fn applying_files_prints_each_change_is_idempotent_prunes_is_audited_and_e
     assert_eq!(rule["descriptor"]["rate_limit"], json!({ "requests_per_unit": 10, "unit": "HOUR" }));
 }
 
-/// Item 1: each file envoyproxy/ratelimit refuses is refused, naming the file and the
-/// descriptor path; the command exits non-zero and nothing of any file is applied.
+/// Item 1: each file envoyproxy/ratelimit refuses (examples/envoy-ratelimit/refused/, one case
+/// each) is refused, naming the file and the descriptor path; the command exits non-zero and
+/// nothing of any file is applied, not even a good file's change beside it.
 #[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_refused_file_is_named_with_its_descriptor_path_and_nothing_of_any_file_is_applied(
     pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
     let pool = pool.connect_with(connect.clone()).await.unwrap();
-    let files = Scratch::new();
-    files.write("messaging.yaml", MESSAGING);
-    apply(&connect, &[&files.0], false, false).await;
-    let before = rules_as_stored(&pool).await;
-    // The good file changed too: none of it may land when another file is refused.
-    files.write(
-        "messaging.yaml",
-        "domain: messaging\ndescriptors:\n  - key: to_number\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
-    );
-    let refusals: &[(&str, &str, &str)] = &[
-        ("domain: d\ndescriptors:\n  - key: a\n    rate_limt: {unit: second}\n", "", "unknown key 'rate_limt'"),
-        ("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n", "d.a", "invalid rate limit unit"),
-        ("domain: d\ndescriptors:\n  - key: a\n    value: b\n  - key: a\n    value: b\n", "d.a_b", "duplicate descriptor composite key"),
-        ("domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: ''\n", "d.a", "descriptor has empty key"),
-        ("descriptors:\n  - key: a\n", "", "config file cannot have empty domain"),
-        ("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, unit: second}\n", "d.a", "should not specify rate limit unit when unlimited"),
-        ("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: ''}]}\n", "d.a", "empty replaces entry"),
-        ("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {name: n, unit: second, requests_per_unit: 1, replaces: [{name: n}]}\n", "d.a", "name of same descriptor"),
-        ("domain: d\ndescriptors:\n  - key: a\n    value: b\n    share_threshold: true\n", "d.a_b", "share_threshold"),
-        ("domain: d\ndescriptors: [key: a\n", "", "error loading config file"),
-        ("domain: messaging\n", "", "duplicate domain 'messaging'"),
-    ];
-    for (text, path, reason) in refusals {
-        files.write("zz-refused.yaml", text);
+    let fixtures = workspace().join("examples/envoy-ratelimit/refused");
+    let expected: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures.join("expected.json")).unwrap()).unwrap();
+    let cases = expected["cases"].as_object().unwrap();
+    assert!(cases.len() >= 11, "a case per refusal");
+    for (case, expected) in cases {
+        let files = Scratch::new();
+        files.write("messaging.yaml", MESSAGING);
+        apply(&connect, &[&files.0], false, false).await;
+        let before = rules_as_stored(&pool).await;
+        // The good file changes too: none of it may land when another file is refused.
+        files.write(
+            "messaging.yaml",
+            "domain: messaging\ndescriptors:\n  - key: to_number\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+        );
+        for file in expected["files"].as_array().unwrap() {
+            let file = file.as_str().unwrap();
+            files.write(file, &std::fs::read_to_string(fixtures.join(file)).unwrap());
+        }
         let output = std::process::Command::new(BINARY)
-            .args(["rules", "apply"])
+            .args(["rules", "apply", "--prune"])
             .arg(&files.0)
             .env("DATABASE_URL", database_url(&connect))
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(1), "{text}: {stderr}");
-        let named = if path.is_empty() {
-            "zz-refused.yaml: ".to_owned()
-        } else {
-            format!("zz-refused.yaml: {path}: ")
+        assert_eq!(output.status.code(), Some(1), "{case}: {stderr}");
+        let file = expected["refused_file"].as_str().unwrap();
+        let named = match expected["path"].as_str() {
+            Some(path) => format!("{file}: {path}: "),
+            None => format!("{file}: "),
         };
-        assert!(stderr.contains(&named) && stderr.contains(reason), "{text}: {stderr}");
-        assert_eq!(rules_as_stored(&pool).await, before, "{text}: nothing changed");
+        assert!(stderr.contains(&named), "{case}: names {named:?}: {stderr}");
+        assert!(stderr.contains(expected["error"].as_str().unwrap()), "{case}: {stderr}");
+        assert_eq!(rules_as_stored(&pool).await, before, "{case}: nothing changed");
+        sqlx::query("DELETE FROM plexsphere.rules").execute(&pool).await.unwrap();
     }
 }
 
@@ -272,4 +274,56 @@ async fn the_leader_applies_a_mounted_configmap_and_each_change_to_it(
             .await
             .unwrap();
     assert_eq!(audited, 4, "two created, one replaced, one deleted");
+}
+
+/// Acceptance: every example of envoyproxy/ratelimit's README "Configuration" section
+/// (examples/envoy-ratelimit/, each applied on its own since several share a domain) is answered
+/// as its README says: the code, limit and remaining count of each descriptor, checked through
+/// the Python grpcio client by tests/grpc/envoy_examples.py.
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
+async fn every_example_of_envoyproxy_ratelimits_readme_is_answered_as_it_says(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let pool = pool.connect_with(connect.clone()).await.unwrap();
+    let replica = service(&connect, &[]).await;
+    let grpc_at = replica.grpc.unwrap().to_string();
+    let examples = workspace().join("examples/envoy-ratelimit");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&examples)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|extension| extension == "yaml"))
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 16, "examples 1 to 11, several of two or three files");
+    let check = |name: String| {
+        let grpc_at = grpc_at.clone();
+        async move {
+            grpc::script(
+                "tests/grpc/envoy_examples.py",
+                &["--fresh", &name],
+                &[("PLEXSPHERE_GRPC", grpc_at.as_str()), ("PLEXSPHERE_DECIDE_TOKEN", DECIDE_TOKEN)],
+            )
+            .await
+        }
+    };
+    // The script finds a difference: before its rules are applied, example 1 is answered
+    // otherwise than its README says.
+    let (passed, printed) = check("01-mongo_cps".into()).await;
+    assert!(!passed, "the check must fail without the example's rules: {printed}");
+    for file in files {
+        let name = file.file_stem().unwrap().to_string_lossy().into_owned();
+        apply(&connect, &[&file], true, false).await;
+        let revision: i64 = sqlx::query_scalar("SELECT revision FROM plexsphere.rule_revision")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        eventually(Duration::from_secs(2), "the replica holds the example's rules", || async {
+            replica.gauge("plexsphere_rules_snapshot_version").await >= revision
+        })
+        .await;
+        let (passed, printed) = check(name.clone()).await;
+        assert!(passed, "{name}:\n{printed}");
+        assert!(printed.contains(" 0 failed"), "{name}: {printed}");
+    }
 }

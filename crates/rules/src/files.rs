@@ -152,7 +152,7 @@ pub fn parse(files: &[(String, String)]) -> Result<FileRules, FileError> {
         if let Some(first) = domain_files.insert(service.clone(), name.clone()) {
             return Err(FileError {
                 file: name.clone(),
-                path: String::new(),
+                path: service.to_string(),
                 reason: format!("duplicate domain '{service}' in config file (also in {first})"),
             });
         }
@@ -188,7 +188,7 @@ pub fn parse_file(name: &str, text: &str) -> Result<(Service, Vec<DescriptorRule
         .transpose()
         .map_err(|error| refuse("", format!("error loading config file: {error}")))?
         .unwrap_or(Value::Null);
-    check_keys(&document).map_err(|reason| refuse("", reason))?;
+    check_keys(&document, "").map_err(|(path, reason)| refuse(&path, reason))?;
     let root = match &document {
         Value::Mapping(root) => root,
         Value::Null => return Err(refuse("", "config file cannot have empty domain".into())),
@@ -210,19 +210,33 @@ pub fn parse_file(name: &str, text: &str) -> Result<(Service, Vec<DescriptorRule
 }
 
 /// Refuses any key outside [`KNOWN_KEYS`], at any level (metadata's own content aside, which is
-/// the writer's).
-fn check_keys(value: &Value) -> Result<(), String> {
+/// the writer's), and any number that is not whole, as envoyproxy/ratelimit's check of a file
+/// does; the error names the descriptor the key is in (`parent` is the one above).
+fn check_keys(value: &Value, parent: &str) -> Result<(), (String, String)> {
     match value {
         Value::Mapping(mapping) => {
+            let text = |field: &str| match mapping.get(field) {
+                Some(Value::String(text)) => Some(text.clone()),
+                Some(Value::Number(number)) => Some(number.to_string()),
+                _ => None,
+            };
+            let here = match (text("domain"), text("key")) {
+                (Some(domain), _) => domain,
+                (None, Some(key)) => match text("value").filter(|value| !value.is_empty()) {
+                    Some(value) => format!("{parent}.{key}_{value}"),
+                    None => format!("{parent}.{key}"),
+                },
+                (None, None) => parent.to_owned(),
+            };
             for (key, inner) in mapping {
                 let Value::String(key) = key else {
-                    return Err(format!("config error, key is not of type string: {key:?}"));
+                    return Err((here, format!("config error, key is not of type string: {key:?}")));
                 };
                 if !KNOWN_KEYS.contains(&key.as_str()) {
-                    return Err(format!("config error, unknown key '{key}'"));
+                    return Err((here, format!("config error, unknown key '{key}'")));
                 }
                 if key != "metadata" {
-                    check_keys(inner)?;
+                    check_keys(inner, &here)?;
                 }
             }
             Ok(())
@@ -230,13 +244,17 @@ fn check_keys(value: &Value) -> Result<(), String> {
         Value::Sequence(items) => {
             for item in items {
                 if !matches!(item, Value::Mapping(_)) {
-                    return Err(format!(
-                        "config error, yaml file contains list of type other than map: {item:?}"
+                    return Err((
+                        parent.to_owned(),
+                        format!("config error, yaml file contains list of type other than map: {item:?}"),
                     ));
                 }
-                check_keys(item)?;
+                check_keys(item, parent)?;
             }
             Ok(())
+        }
+        Value::Number(number) if number.is_f64() => {
+            Err((parent.to_owned(), format!("error checking config: {number} is not a whole number")))
         }
         _ => Ok(()),
     }

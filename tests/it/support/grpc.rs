@@ -59,3 +59,18 @@ pub(crate) async fn calls(target: SocketAddr, calls: Value) -> Vec<Value> {
 pub(crate) async fn call(target: SocketAddr, call: Value) -> Value {
     calls(target, json!([call])).await.remove(0)
 }
+
+/// Runs a script of tests/grpc/ (on the client's python) with `arguments` and `env`: whether it
+/// exited 0, and what it printed.
+pub(crate) async fn script(path: &str, arguments: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let mut command = Command::new(python());
+    command.arg(workspace().join(path)).args(arguments).current_dir(workspace());
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let output =
+        tokio::task::spawn_blocking(move || command.output().expect("the script starts")).await.unwrap();
+    let mut printed = String::from_utf8_lossy(&output.stdout).into_owned();
+    printed.push_str(&String::from_utf8_lossy(&output.stderr));
+    (output.status.success(), printed)
+}

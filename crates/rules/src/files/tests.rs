@@ -187,7 +187,8 @@ descriptors:
 #[test]
 fn a_file_envoyproxy_ratelimit_refuses_is_refused_naming_the_file_and_the_descriptor_path() {
     let cases: &[(&str, &str, &str)] = &[
-        ("domain: d\ndescriptors:\n  - key: a\n    rate_limits: {unit: second, requests_per_unit: 1}\n", "", "unknown key 'rate_limits'"),
+        ("domain: d\ndescriptors:\n  - key: a\n    rate_limits: {unit: second, requests_per_unit: 1}\n", "d.a", "unknown key 'rate_limits'"),
+        ("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1.5}\n", "d.a", "error checking config"),
         ("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n", "d.a", "invalid rate limit unit 'fortnight'"),
         ("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {requests_per_unit: 1}\n", "d.a", "invalid rate limit unit ''"),
         ("domain: d\ndescriptors:\n  - key: a\n    value: b\n  - key: a\n    value: b\n", "d.a_b", "duplicate descriptor composite key 'd.a_b'"),
