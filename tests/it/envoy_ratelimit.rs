@@ -123,6 +123,15 @@ async fn applying_files_prints_each_change_is_idempotent_prunes_is_audited_and_e
     })
     .await;
 
+    // Decisions are counted under the path as envoyproxy/ratelimit's stats keys name it.
+    let metrics = replica.get("/metrics", None).await.body.as_str().unwrap_or_default().to_owned();
+    assert!(
+        metrics.contains(
+            "plexsphere_decide_rule_decisions_total{service=\"messaging\",rule=\"messaging.message_type_marketing.to_number\",verdict=\"within_limit\"}"
+        ),
+        "{metrics}"
+    );
+
     let stored = rules_as_stored(&pool).await;
     let again = apply(&connect, &[&files.0.join("messaging.yaml")], true, false).await;
     assert_eq!(again.matches("unchanged ").count(), 2, "{again}");
