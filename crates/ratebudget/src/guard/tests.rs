@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use super::{Guard, Observer, Source};
 use crate::{
     Decider, Decision, Enforcement, FailMode, Fill, Grant, Key, LeaseRequest, Leased, Limit, Name, Spend,
-    Take, Undecided,
+    Take, Undecided, Which,
 };
 
 /// A store that answers its first take at once, and then nothing, ever: no other take and no
@@ -28,7 +28,7 @@ impl Decider for AnswersOnce {
             std::future::pending::<()>().await;
         }
         let row = Fill { tokens: 99.0, refilled_at: now };
-        Ok(Decision::Granted(Grant { first: Some(row), second: None, named: None }))
+        Ok(Decision::Granted(Grant::of([(Which::First, row)])))
     }
 
     async fn lease(&self, _: LeaseRequest, _: DateTime<Utc>) -> Result<Option<Leased>, Undecided> {
@@ -77,10 +77,12 @@ async fn a_take_waiting_for_another_takes_lease_is_decided_by_its_fail_mode_with
 
     // The store answers the first take; the second finds the bucket hot and asks for a lease,
     // which never comes; the third waits for that lease.
-    assert!(guard.decide(open, now).await.unwrap().is_granted());
+    assert!(guard.decide(open.clone(), now).await.unwrap().is_granted());
     let caller_deadline = timeout * 3 / 2;
-    let (asking, waiting) =
-        tokio::join!(guard.decide(open, now), tokio::time::timeout(caller_deadline, guard.decide(open, now)));
+    let (asking, waiting) = tokio::join!(
+        guard.decide(open.clone(), now),
+        tokio::time::timeout(caller_deadline, guard.decide(open, now))
+    );
     assert!(asking.unwrap().is_granted(), "the asking take times out and is admitted open");
     let waiting = waiting.expect("the waiting take is answered within its caller's deadline");
     assert!(waiting.unwrap().is_granted());

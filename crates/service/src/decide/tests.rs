@@ -60,8 +60,8 @@ mod service {
     #[async_trait::async_trait]
     impl Decider for Refusing {
         async fn decide(&self, take: Take, _: DateTime<Utc>) -> Result<Decision, Undecided> {
-            self.0.lock().unwrap().push(take);
             let which = if matches!(take, Take::Pair(..)) { Which::Second } else { Which::First };
+            self.0.lock().unwrap().push(take);
             Ok(Decision::Refused(Refusal {
                 which,
                 retry_after: Duration::from_secs(1),
