@@ -434,7 +434,7 @@ async fn a_call_that_fails_fails_each_of_its_takes_and_never_refuses(pool: PgPoo
             "decide_rate_budget_batch_of_distinct_buckets",
             vec![single(key(), 1.0), single(key(), 0.0), single(key(), 2.0), single(key(), 9.0)],
         ),
-        ("decide_rate_budget_batch", {
+        ("decide_rate_budget_takes", {
             // A pair, and one of its buckets again: neither shape.
             let (node, domain) = (key(), key());
             let pair = Take::Pair(
@@ -536,7 +536,7 @@ async fn a_caller_that_stops_waiting_cancels_nobody_elses_decision(pool: PgPool)
 /// `deadlock_timeout` by failing one of its transactions, which would surface here as
 /// `Error::Database`.)
 #[sqlx::test(migrator = "app::migrations::MIGRATOR")]
-async fn concurrent_calls_and_pairs_from_several_replicas_never_deadlock(pool: PgPool) {
+async fn concurrent_calls_pairs_and_takes_of_many_from_several_replicas_never_deadlock(pool: PgPool) {
     let limit = Limit::new(1_000_000.0, 1_000_000.0).unwrap();
     let domains = [key(), key()];
     let nodes: Vec<Key> = (0..8).map(|_| key()).collect();
@@ -555,10 +555,21 @@ async fn concurrent_calls_and_pairs_from_several_replicas_never_deadlock(pool: P
                 let domain = domains[(caller / 3 + round) % domains.len()];
                 let node_side = Spend::new(Scope::SecretReadNode, node, 1.0, limit);
                 let domain_side = Spend::new(Scope::SecretReadDomain, domain, 1.0, limit);
-                // Both orders of naming the sides, and single takes, interleaved.
-                let take = match round % 3 {
+                // Both orders of naming the sides, single takes, and takes of many buckets
+                // (another node and both domains, in either order) interleaved.
+                let other_node =
+                    Spend::new(Scope::SecretReadNode, nodes[(caller + round + 3) % nodes.len()], 1.0, limit);
+                let other_domain = Spend::new(
+                    Scope::SecretReadDomain,
+                    domains[(caller / 3 + round + 1) % domains.len()],
+                    1.0,
+                    limit,
+                );
+                let take = match round % 5 {
                     0 => Take::Pair(node_side, domain_side),
                     1 => Take::Pair(domain_side, node_side),
+                    2 => Take::many([domain_side, node_side, other_domain, other_node]),
+                    3 => Take::many([other_node, other_domain, node_side, domain_side]),
                     _ => Take::Single(domain_side),
                 };
                 store.decide(take, instant()).await?;
@@ -573,8 +584,8 @@ async fn concurrent_calls_and_pairs_from_several_replicas_never_deadlock(pool: P
         .fetch_one(&pool)
         .await
         .unwrap();
-    // Every take was granted: a pair debits two buckets, a single one.
-    let debits_per_caller: usize = (0..25usize).map(|round| if round % 3 == 2 { 1 } else { 2 }).sum();
+    // Every take was granted: a pair debits two buckets, a take of many four, a single one.
+    let debits_per_caller: usize = (0..25usize).map(|round| [2, 2, 4, 4, 1][round % 5]).sum();
     assert_eq!(spent.round(), (48 * debits_per_caller) as f64);
 }
 

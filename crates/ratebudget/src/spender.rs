@@ -347,6 +347,47 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_take_of_many_leaves_out_each_shadow_refusal_and_answers_at_the_takes_own_positions() {
+        // Issue 34, item 3: a request's descriptors, two of them under SHADOW rules.
+        let spend = |i: u8, mode: Mode| Spend {
+            enforcement: Enforcement { mode, fail_mode: FailMode::Closed, rule: None },
+            ..Spend::new(Scope::SecretReadNode, Key([i; 16]), 1.0, Limit::new(1.0, 5.0).unwrap())
+        };
+        let take = Take::many([
+            spend(1, Mode::Enforce),
+            spend(2, Mode::Shadow),
+            spend(3, Mode::Enforce),
+            spend(4, Mode::Shadow),
+        ]);
+        let fill = |tokens| Fill { tokens, refilled_at: DateTime::UNIX_EPOCH };
+        // The store refuses position 1 (shadow), then, of the three left, their third: the
+        // take's position 3 (shadow), then grants the two enforced ones.
+        let granted = Decision::Granted(Grant::of([(Which::First, fill(4.0)), (Which::Second, fill(2.0))]));
+        let enforced = policy(Mode::Enforce, Algorithm::TokenBucket);
+        let (spender, script) =
+            scripted(vec![refused(Which::Second), refused(Which::at(2)), granted], enforced, enforced);
+        let Decision::Granted(grant) = spender.decide_at(take.clone(), DateTime::UNIX_EPOCH).await.unwrap()
+        else {
+            panic!("admitted")
+        };
+        let left: Vec<Option<f64>> =
+            (0..4).map(|i| grant.remaining(Which::at(i)).map(|fill| fill.tokens)).collect();
+        assert_eq!(
+            left,
+            [Some(4.0), None, Some(2.0), None],
+            "each at its own position; the shadow ones unread"
+        );
+        let keys = |take: &Take| take.spends().map(|(_, spend)| spend.key.0[0]).collect::<Vec<_>>();
+        let takes = script.takes.lock().unwrap().clone();
+        assert_eq!(takes.iter().map(keys).collect::<Vec<_>>(), [vec![1, 2, 3, 4], vec![1, 3, 4], vec![1, 3]]);
+
+        // An enforced refusal of what is left stands, at the take's own position.
+        let (spender, _) = scripted(vec![refused(Which::at(3)), refused(Which::at(2))], enforced, enforced);
+        let decision = spender.decide_at(take, DateTime::UNIX_EPOCH).await.unwrap();
+        assert_eq!(decision, refused(Which::at(2)));
+    }
+
+    #[tokio::test]
     async fn a_gcra_policy_takes_from_the_scopes_named_limiter_and_never_in_a_pair() {
         let gcra = policy(Mode::Enforce, Algorithm::Gcra);
         let (spender, script) = scripted(vec![refused(Which::First)], gcra, gcra);
