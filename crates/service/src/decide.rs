@@ -10,7 +10,7 @@
 //! with the request's value for it ([`rules::Snapshot::keyed_by`]), under the budget
 //! [`service_buckets`]: an entry the rule does not name never splits its bucket. The
 //! descriptors of one request that some rule governs are decided together, all or nothing, in
-//! one round trip (a single take, or a pair), through the same guard (pre-check, circuit, fail
+//! one round trip (a single take, a pair, or a take of any number), through the same guard (pre-check, circuit, fail
 //! modes) and coalescing as this project's own takes; a SHADOW rule's refusal admits and is
 //! counted. A CLOSED rule whose store cannot answer makes the whole request undecided.
 //!
@@ -18,8 +18,7 @@
 //! admission: nothing a request's values hold (a long value, a control character, a huge
 //! cost, many descriptors) makes a decidable request an error. A value is hashed like any
 //! other; a cost no bucket can hold is over the limit, as [`ratebudget::Decision`]'s
-//! `InsufficientCapacity` is; more governed descriptors than one statement takes is over the
-//! limit. Only a request malformed as a message (no domain, a descriptor without entries) is
+//! `InsufficientCapacity` is. Only a request malformed as a message (no domain, a descriptor without entries) is
 //! [`DecideError::Invalid`].
 
 use std::sync::Arc;
@@ -32,11 +31,6 @@ use sha2::{Digest, Sha256};
 use rules::PathLimit;
 
 use crate::budgets::{override_buckets, service_buckets, NotLoaded, RuleBudgets};
-
-/// The most descriptors of one request some rule may govern: they are decided together in one
-/// statement, which takes one bucket or two. A request with more is over the limit, nothing
-/// spent, rather than a decision that is not all or nothing.
-pub const MAX_LIMITED: usize = 2;
 
 /// One entry of a descriptor.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -246,9 +240,6 @@ pub enum Verdict {
     OverLimit,
     /// Over the limit of a SHADOW rule, and admitted.
     ShadowOverLimit,
-    /// Not decided: one of more governed descriptors than one statement takes (the enforced
-    /// ones are over the limit, a SHADOW rule's admitted).
-    NotDecided,
 }
 
 impl Verdict {
@@ -259,7 +250,6 @@ impl Verdict {
             Verdict::NearLimit => "near_limit",
             Verdict::OverLimit => "over_limit",
             Verdict::ShadowOverLimit => "shadow_over_limit",
-            Verdict::NotDecided => "not_decided",
         }
     }
 }
@@ -461,22 +451,16 @@ impl DecideService {
             [] => return Ok(Answer { overall: Code::Ok, statuses, headers: Vec::new() }),
             [(_, only, _)] => Take::Single(*only),
             [(_, first, _), (_, second, _)] => Take::Pair(*first, *second),
-            more => {
-                let answer = too_many_limited(statuses, more);
-                for (_, _, rule_id) in more.iter().filter(|(_, _, rule_id)| !rule_id.is_empty()) {
-                    self.observer.ruled(service, rule_id, Verdict::NotDecided);
-                }
-                return Ok(answer);
-            }
+            // Every governed descriptor, in one take: all or nothing, in one statement.
+            more => Take::many(more.iter().map(|(_, spend, _)| *spend).collect::<Vec<_>>()),
         };
         let now = self.clock.now();
         let decision = self.spender.decide_at(take, now).await.map_err(DecideError::Undecided)?;
-        let which = [Which::First, Which::Second];
         let mut headers = Vec::new();
         let mut binding: Option<(u32, usize)> = None;
         for (slot, (position, spend, rule_id)) in limited.iter().enumerate() {
             let status = &mut statuses[*position];
-            let at = which[slot];
+            let at = Which::at(slot);
             match &decision {
                 Decision::Granted(grant) => {
                     if let Some(fill) = grant.remaining(at) {
@@ -508,7 +492,7 @@ impl DecideService {
                 (_, Code::OverLimit, _) => Verdict::OverLimit,
                 // A SHADOW rule's refusal is admitted without a reading of its bucket.
                 (Decision::Granted(grant), Code::Ok, _)
-                    if spend.enforcement.is_shadow() && grant.remaining(which[slot]).is_none() =>
+                    if spend.enforcement.is_shadow() && grant.remaining(Which::at(slot)).is_none() =>
                 {
                     Verdict::ShadowOverLimit
                 }
@@ -524,7 +508,7 @@ impl DecideService {
         }
         if let (Decision::Granted(grant), Some((_, slot))) = (&decision, binding) {
             let (_, spend, rule_id) = &limited[slot];
-            push_fields(&mut headers, rule_id, spend.limit, grant.remaining(which[slot]), now);
+            push_fields(&mut headers, rule_id, spend.limit, grant.remaining(Which::at(slot)), now);
         }
         let overall = if statuses.iter().any(|status| status.code == Code::OverLimit) {
             Code::OverLimit
@@ -535,20 +519,6 @@ impl DecideService {
     }
 }
 
-/// The answer to a request with more governed descriptors than one statement decides: each
-/// enforced one over the limit and nothing spent (a SHADOW rule's admits), so that no caller
-/// gets past a limit by adding descriptors.
-fn too_many_limited(mut statuses: Vec<Status>, limited: &[(usize, Spend, String)]) -> Answer {
-    for (position, spend, _) in limited {
-        let status = &mut statuses[*position];
-        if spend.enforcement.mode == ratebudget::Mode::Enforce {
-            status.code = Code::OverLimit;
-        }
-    }
-    let overall =
-        if statuses.iter().any(|status| status.code == Code::OverLimit) { Code::OverLimit } else { Code::Ok };
-    Answer { overall, statuses, headers: Vec::new() }
-}
 
 /// An override's bucket: SHA-256 over the service, every entry in order and the override,
 /// length-prefixed, under [`override_buckets`] (envoyproxy/ratelimit keys an override by the
