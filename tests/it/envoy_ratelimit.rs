@@ -336,3 +336,64 @@ async fn every_example_of_envoyproxy_ratelimits_readme_is_answered_as_it_says(
         assert!(printed.contains(" 0 failed"), "{name}: {printed}");
     }
 }
+
+/// Item 2: `quota_mode` descriptors make a request OVER_LIMIT only when every one of them is
+/// over (a quota descriptor that is over stays OVER_LIMIT in its status); all or nothing still
+/// holds: an over request debits no bucket, and one that passes debits none that is over.
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
+async fn quota_mode_descriptors_refuse_only_when_all_of_them_are_over(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let replica = service(&connect, &[]).await;
+    let grpc_at = replica.grpc.unwrap();
+    let files = Scratch::new();
+    files.write(
+        "quotas.yaml",
+        "
+domain: quotas
+descriptors:
+  - key: user
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: team
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: route
+    rate_limit: {unit: minute, requests_per_unit: 100}
+",
+    );
+    apply(&connect, &[&files.0], false, false).await;
+    let request = |descriptors: &[(&str, &str)]| {
+        let descriptors: Vec<Value> =
+            descriptors.iter().map(|(key, value)| json!({ "entries": [[key, value]] })).collect();
+        json!({ "token": DECIDE_TOKEN, "domain": "quotas", "descriptors": descriptors })
+    };
+    let all = request(&[("user", "u"), ("team", "t"), ("route", "r")]);
+    eventually(Duration::from_secs(2), "the replica holds the file", || async {
+        grpc::call(grpc_at, request(&[("route", "probe")])).await["response"]["statuses"][0]["current_limit"]
+            ["requests_per_unit"]
+            == 100
+    })
+    .await;
+    let answers = grpc::calls(grpc_at, json!([all, all, all, all])).await;
+    let codes = |answer: &Value| -> Vec<String> {
+        let statuses = answer["response"]["statuses"].as_array().unwrap();
+        let mut codes = vec![answer["response"]["overall_code"].as_str().unwrap().to_owned()];
+        codes.extend(statuses.iter().map(|status| status["code"].as_str().unwrap().to_owned()));
+        codes
+    };
+    let remaining =
+        |answer: &Value, index: usize| answer["response"]["statuses"][index]["limit_remaining"].clone();
+    assert_eq!(codes(&answers[0]), ["OK", "OK", "OK", "OK"]);
+    assert_eq!(codes(&answers[1]), ["OK", "OK", "OK", "OK"]);
+    // The user's quota is spent; the team's still has room: OK, the user's status over.
+    assert_eq!(codes(&answers[2]), ["OK", "OVER_LIMIT", "OK", "OK"], "{}", answers[2]);
+    assert_eq!(remaining(&answers[2], 0), 0);
+    assert_eq!(remaining(&answers[2], 1), 0, "the team's last token");
+    assert_eq!(remaining(&answers[2], 2), 97);
+    // Both quotas spent: the request is over, and the route's bucket is not debited.
+    assert_eq!(codes(&answers[3]), ["OVER_LIMIT", "OVER_LIMIT", "OVER_LIMIT", "OK"], "{}", answers[3]);
+    let route = grpc::call(grpc_at, request(&[("route", "r")])).await;
+    assert_eq!(remaining(&route, 0), 96, "the refused request took nothing from the route: {route}");
+}

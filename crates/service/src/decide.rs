@@ -443,20 +443,48 @@ impl DecideService {
             statuses[position].current_limit = Some(current);
         }
         let refused_all = statuses.iter().any(|status| status.code == Code::OverLimit);
-        let take = match limited.as_slice() {
-            // An override of 0 refuses the request whatever else it carries: nothing is spent.
-            _ if refused_all => {
-                return Ok(Answer { overall: Code::OverLimit, statuses, headers: Vec::new() });
-            }
-            [] => return Ok(Answer { overall: Code::Ok, statuses, headers: Vec::new() }),
-            [(_, only, _)] => Take::Single(*only),
-            [(_, first, _), (_, second, _)] => Take::Pair(*first, *second),
-            // Every governed descriptor, in one take: all or nothing, in one statement.
-            more => Take::many(more.iter().map(|(_, spend, _)| *spend).collect::<Vec<_>>()),
+        // A file's `quota_mode` descriptors refuse the request only when every one of them is
+        // over: a take refused by one while another remains is taken again without it (each
+        // take all or nothing, so a refused one debits nothing), that one answered over.
+        let quota_mode = |position: usize| {
+            request.descriptors[position].limit.is_none()
+                && governing[position]
+                    .and_then(|governed| governed.rule.spec.descriptor())
+                    .is_some_and(|rule| rule.quota_mode)
         };
+        let quota_positions: Vec<usize> =
+            limited.iter().map(|(position, ..)| *position).filter(|position| quota_mode(*position)).collect();
         let now = self.clock.now();
-        let decision = self.spender.decide_at(take, now).await.map_err(DecideError::Undecided)?;
         let mut headers = Vec::new();
+        let decision = loop {
+            let take = match limited.as_slice() {
+                // An override of 0 refuses the request whatever else it carries: nothing is spent.
+                _ if refused_all => {
+                    return Ok(Answer { overall: Code::OverLimit, statuses, headers: Vec::new() });
+                }
+                [] => return Ok(Answer { overall: Code::Ok, statuses, headers: Vec::new() }),
+                [(_, only, _)] => Take::Single(*only),
+                [(_, first, _), (_, second, _)] => Take::Pair(*first, *second),
+                // Every governed descriptor, in one take: all or nothing, in one statement.
+                more => Take::many(more.iter().map(|(_, spend, _)| *spend).collect::<Vec<_>>()),
+            };
+            let decision = self.spender.decide_at(take, now).await.map_err(DecideError::Undecided)?;
+            let Decision::Refused(refusal) = &decision else { break decision };
+            let slot = refusal.which.index();
+            let position = limited[slot].0;
+            let another_quota = limited.iter().any(|(other, ..)| *other != position && quota_mode(*other));
+            if !(quota_mode(position) && another_quota) {
+                break decision;
+            }
+            let (_, spend, label) = limited.remove(slot);
+            let status = &mut statuses[position];
+            status.code = Code::OverLimit;
+            let fill = refusal.judged.unwrap_or(Fill { tokens: 0.0, refilled_at: now });
+            let (remaining, until_reset) = reading(spend.limit, fill, now);
+            status.limit_remaining = Some(remaining);
+            status.until_reset = Some(until_reset);
+            self.observer.ruled(service, &label, Verdict::OverLimit);
+        };
         let mut binding: Option<(u32, usize)> = None;
         for (slot, (position, spend, rule_id)) in limited.iter().enumerate() {
             let status = &mut statuses[*position];
@@ -510,15 +538,15 @@ impl DecideService {
             let (_, spend, rule_id) = &limited[slot];
             push_fields(&mut headers, rule_id, spend.limit, grant.remaining(Which::at(slot)), now);
         }
-        let overall = if statuses.iter().any(|status| status.code == Code::OverLimit) {
-            Code::OverLimit
-        } else {
-            Code::Ok
-        };
+        // Over when a descriptor outside quota mode is, or every quota-mode one is.
+        let over = |position: &usize| statuses[*position].code == Code::OverLimit;
+        let others_over =
+            (0..statuses.len()).filter(|position| !quota_positions.contains(position)).any(|p| over(&p));
+        let quotas_over = !quota_positions.is_empty() && quota_positions.iter().all(over);
+        let overall = if others_over || quotas_over { Code::OverLimit } else { Code::Ok };
         Ok(Answer { overall, statuses, headers })
     }
 }
-
 
 /// An override's bucket: SHA-256 over the service, every entry in order and the override,
 /// length-prefixed, under [`override_buckets`] (envoyproxy/ratelimit keys an override by the
