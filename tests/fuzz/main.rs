@@ -173,6 +173,7 @@ fn request_bodies_and_queries() {
                         mode: None,
                         fail_mode: None,
                         priority: None,
+                        charge: None,
                     };
                     assert!(draft.validate().is_ok());
                 }

@@ -16,6 +16,8 @@ use crate::support::grpc;
 use crate::support::helpers::instant;
 use crate::support::replicas::{config, eventually, Answer, Api, Replica};
 
+mod token_budgets;
+
 const DECIDE_TOKEN: &str = "envoy-decide-token-0123456789";
 
 /// A replica serving the decide API over HTTP and gRPC, on a clock that stands still (so a

@@ -15,6 +15,7 @@ mod app_resilience;
 mod app_revocation;
 mod app_security;
 mod architecture;
+mod charges;
 mod coalescing;
 mod database_pgbouncer;
 mod decide;

@@ -52,7 +52,7 @@ async fn a_rule_is_created_then_replaced_and_deleted_only_at_the_version_its_wri
         json!({
             "rule_id": "all-reads", "service": "plexsphere", "scope": "secret_read_node", "selector": {}, "rate": 5.0,
             "per_ms": 1000, "burst": 10.0, "algorithm": "TOKEN_BUCKET", "mode": "ENFORCE",
-            "fail_mode": "CLOSED", "priority": 0, "version": 1, "created_by": "operator", "matching": "selector", "source": "api",
+            "fail_mode": "CLOSED", "priority": 0, "charge": "WHEN_COVERED", "version": 1, "created_by": "operator", "matching": "selector", "source": "api",
             "updated_at": created.body["updated_at"],
         })
     );
@@ -312,6 +312,9 @@ async fn an_invalid_rule_is_a_400_naming_the_field_and_writes_nothing(pool: PgPo
         (with("mode", json!("enforce")), "invalid mode"),
         (with("fail_mode", json!("LOCAL")), "invalid fail_mode"),
         (with("priority", json!(1_i64 << 40)), "invalid priority"),
+        (with("charge", json!("always")), "invalid charge"),
+        // Our own budgets charge only what a bucket covers.
+        (with("charge", json!("ALWAYS")), "invalid charge"),
         (with("owner", json!("me")), "unknown field \"owner\""),
     ];
     for (body, expected) in cases {
@@ -548,5 +551,55 @@ async fn a_domain_takes_a_tier_and_its_issuance_policy_becomes_its_override_rule
     assert_eq!(tier(&domain, json!({})).await.status, StatusCode::BAD_REQUEST);
     let unknown = tier(&uuid::Uuid::new_v4().to_string(), json!({ "tier": "free" })).await;
     assert_eq!((unknown.status, unknown.code()), (StatusCode::NOT_FOUND, "unknown_domain"));
+    api.stop().await;
+}
+
+/// Issue 34, item 4: another service's rule may charge its costs always; `charge` is written,
+/// shown, kept in the history and rolled back like every other field.
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
+async fn a_services_rule_charges_always_through_every_version(pool: PgPool) {
+    let connect = pool.connect_options().as_ref().clone();
+    let api = replica(&connect).await;
+    let tokens = |charge: Option<&str>| {
+        let mut body = json!({
+            "service": "llm", "selector": { "tenant": "*" }, "rate": 1000.0, "per_ms": 60_000, "burst": 1000.0,
+        });
+        if let Some(charge) = charge {
+            body["charge"] = json!(charge);
+        }
+        body
+    };
+    let created = put(&api, "llm-tokens", tokens(Some("ALWAYS")), None).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    assert_eq!(created.body["charge"], "ALWAYS");
+    assert_eq!(api.operator(Method::GET, "/v1/rules/llm-tokens", None).await.body["charge"], "ALWAYS");
+    let stored: String =
+        sqlx::query_scalar("SELECT charge FROM plexsphere.rules").fetch_one(&pool).await.unwrap();
+    assert_eq!(stored, "ALWAYS");
+    // Left out, it is the default.
+    let replaced = put(&api, "llm-tokens", tokens(None), Some("\"1\"")).await;
+    assert_eq!((replaced.status, &replaced.body["charge"]), (StatusCode::OK, &json!("WHEN_COVERED")));
+    let history = api.operator(Method::GET, "/v1/rules/llm-tokens/history", None).await;
+    let charges: Vec<&Value> =
+        history.body.as_array().unwrap().iter().map(|version| &version["charge"]).collect();
+    assert_eq!(charges, [&json!("ALWAYS"), &json!("WHEN_COVERED")]);
+    let rolled_back =
+        api.operator(Method::POST, "/v1/rules/llm-tokens/rollback", Some(json!({ "version": 1 }))).await;
+    assert_eq!((rolled_back.status, &rolled_back.body["charge"]), (StatusCode::OK, &json!("ALWAYS")));
+    // And after a deletion, a rollback recreates it charging always.
+    let deleted = api.operator_if_match(Method::DELETE, "/v1/rules/llm-tokens", None, Some("\"3\"")).await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
+    let recreated =
+        api.operator(Method::POST, "/v1/rules/llm-tokens/rollback", Some(json!({ "version": 1 }))).await;
+    assert_eq!((recreated.status, &recreated.body["charge"]), (StatusCode::CREATED, &json!("ALWAYS")));
+    let listed = api.operator(Method::GET, "/v1/rules?service=llm", None).await;
+    assert_eq!(listed.body[0]["charge"], "ALWAYS");
+    // The table refuses ALWAYS for our own budgets too, whoever writes it.
+    put(&api, "own", rule("secret_read_node", json!({}), 5.0, 10.0), None).await;
+    let refused = sqlx::query("UPDATE plexsphere.rules SET charge = 'ALWAYS' WHERE rule_id = 'own'")
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    assert_eq!(refused.as_database_error().and_then(|error| error.constraint()), Some("rules_charge_check"));
     api.stop().await;
 }

@@ -25,6 +25,7 @@ fn draft(scope: &str, rate: f64, per_ms: i64, burst: f64) -> RuleDraft {
         mode: None,
         fail_mode: None,
         priority: None,
+        charge: None,
     }
 }
 

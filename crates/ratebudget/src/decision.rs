@@ -309,6 +309,35 @@ pub trait Decider: Send + Sync + std::fmt::Debug {
         let _ = (request, now);
         Ok(None)
     }
+
+    /// Charges `spend.cost` to its bucket at `now` whatever it holds, leaving it in debt when
+    /// it does not cover the cost ([`Store::charge`](crate::Store::charge)): the row as
+    /// charged, or `Ok(None)` when a [`Guard`](crate::Guard) whose store cannot answer
+    /// accepted the charge by its fail mode `OPEN`, charged nowhere (`STATIC` charges this
+    /// replica's fallback bucket, and answers what it holds as a row would).
+    ///
+    /// # Errors
+    /// As [`Decider::decide`]; a decider that cannot charge (the default) is
+    /// [`Undecided::Declined`].
+    async fn charge(&self, spend: Spend, now: DateTime<Utc>) -> Result<Option<Fill>, Undecided> {
+        let _ = (spend, now);
+        Err(Undecided::Declined("this decider cannot charge a bucket".into()))
+    }
+
+    /// What `spend`'s bucket holds at `now`, without spending or writing
+    /// ([`Store::peek`](crate::Store::peek)): a fill whose level at `now` is the bucket's (a
+    /// missing bucket reads as full), or `Ok(None)` when a [`Guard`](crate::Guard) whose store
+    /// cannot answer does not know (fail mode `OPEN`; `STATIC` reads this replica's fallback
+    /// bucket). `spend.cost` is the level the caller needs: a guard answers a bucket it
+    /// already knows to hold less without asking the store.
+    ///
+    /// # Errors
+    /// As [`Decider::decide`]; a decider that cannot read a bucket (the default) is
+    /// [`Undecided::Declined`].
+    async fn peek(&self, spend: Spend, now: DateTime<Utc>) -> Result<Option<Fill>, Undecided> {
+        let _ = (spend, now);
+        Err(Undecided::Declined("this decider cannot read a bucket".into()))
+    }
 }
 
 /// A lease of one token bucket: after giving back `refund` tokens of the lease numbered

@@ -240,6 +240,30 @@ impl PairBudget {
     }
 }
 
+/// Charges and peeks (docs/adr/0040), for a caller that builds its spends itself.
+impl Spender {
+    /// Charges `spend` at `now` whatever its bucket holds, leaving it in debt when it does not
+    /// cover the cost: [`Decider::charge`].
+    ///
+    /// # Errors
+    /// As [`Decider::charge`].
+    pub async fn charge_at(
+        &self,
+        spend: Spend,
+        now: DateTime<Utc>,
+    ) -> Result<Option<crate::Fill>, Undecided> {
+        self.decider.charge(spend, now).await
+    }
+
+    /// What `spend`'s bucket holds at `now`, spending nothing: [`Decider::peek`].
+    ///
+    /// # Errors
+    /// As [`Decider::peek`].
+    pub async fn peek_at(&self, spend: Spend, now: DateTime<Utc>) -> Result<Option<crate::Fill>, Undecided> {
+        self.decider.peek(spend, now).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Mutex;

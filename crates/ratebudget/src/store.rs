@@ -11,6 +11,8 @@ use crate::error::Failure;
 use crate::named::Gcra;
 use crate::sides::{self, Sides};
 use crate::statements::commit_what_the_pool_opened;
+mod charges;
+
 use crate::{
     named, Budget, Decider, Decision, Error, Fill, Grant, InsufficientCapacity, Key, LeaseRequest, Leased,
     Limit, LimiterName, Name, NamedKey, NamedSpend, Refusal, Scope, Spend, Take, Undecided, Which,
@@ -475,6 +477,16 @@ impl Decider for Store {
     /// lease period.
     async fn lease(&self, request: LeaseRequest, now: DateTime<Utc>) -> Result<Option<Leased>, Undecided> {
         Ok(Some(self.lease_bucket(request, now).await?))
+    }
+
+    /// [`Store::charge`]: never coalesced, one statement of its own.
+    async fn charge(&self, spend: Spend, now: DateTime<Utc>) -> Result<Option<Fill>, Undecided> {
+        Ok(Some(self.charge_bucket(spend, now).await?))
+    }
+
+    /// [`Store::peek`].
+    async fn peek(&self, spend: Spend, now: DateTime<Utc>) -> Result<Option<Fill>, Undecided> {
+        Ok(Some(self.peek_bucket(spend, now).await?))
     }
 }
 

@@ -6,7 +6,7 @@
 -- another service's), $5 selector (a JSON object, as text), $6 rate, $7 per_ms, $8 burst,
 -- $9 algorithm, $10 mode, $11 fail_mode, $12 priority, $13 created_by, $14 the notification
 -- channel, $15 descriptor (a file's rule: a JSON object, as text; NULL otherwise), $16 source (the
--- file it was applied from). Answers the rule as written, or no row when a
+-- file it was applied from), $17 charge (WHEN_COVERED or ALWAYS). Answers the rule as written, or no row when a
 -- rule of that id exists (ON CONFLICT DO NOTHING: a concurrent creator wins or loses whole).
 --
 -- `RETURNING *` on purpose: the row is handed whole to record_rule_change as a
@@ -21,7 +21,7 @@ WITH previous AS (
 inserted AS (
     INSERT INTO plexsphere.rules (
         rule_id, service, api, scope, selector, rate, per_ms, burst, algorithm, mode, fail_mode,
-        priority, version, created_by, updated_at, descriptor, source
+        priority, version, created_by, updated_at, descriptor, source, charge
     )
     SELECT
         $1::text,
@@ -40,14 +40,15 @@ inserted AS (
         $13::text,
         now(),
         $15::jsonb,
-        $16::text
+        $16::text,
+        $17::text
     FROM previous
     ON CONFLICT (rule_id) DO NOTHING
     RETURNING *
 )
 SELECT
     rule_id, service, api, scope, selector::text AS selector_json, descriptor::text AS descriptor_json, source,
-    rate, per_ms, burst, algorithm, mode, fail_mode, priority, version, created_by, updated_at,
+    rate, per_ms, burst, algorithm, mode, fail_mode, charge, priority, version, created_by, updated_at,
     plexsphere.record_rule_change(
         ROW(inserted.*)::plexsphere.rules,
         inserted.version, 'created', NULL, inserted.created_by, inserted.updated_at, $14::text

@@ -5,7 +5,7 @@
 SELECT
     revision.revision AS snapshot_revision,
     rule_id, service, api, scope, selector::text AS selector_json, descriptor::text AS descriptor_json, source,
-    rate, per_ms, burst, algorithm, mode, fail_mode, priority, version, created_by, updated_at
+    rate, per_ms, burst, algorithm, mode, fail_mode, charge, priority, version, created_by, updated_at
 FROM plexsphere.rule_revision AS revision
 LEFT JOIN plexsphere.rules ON true
 ORDER BY rule_id

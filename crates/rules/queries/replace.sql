@@ -7,7 +7,7 @@
 -- Parameters: $1 rule_id, $2 service, $3 api (NULL for plexsphere's own), $4 scope (NULL for
 -- another service's), $5 selector (a JSON object, as text), $6 rate, $7 per_ms, $8 burst,
 -- $9 algorithm, $10 mode, $11 fail_mode, $12 priority, $13 created_by, $14 the notification
--- channel, $15 the version the writer read, $16 descriptor, $17 source (as in create.sql). Answers the
+-- channel, $15 the version the writer read, $16 descriptor, $17 source, $18 charge (as in create.sql). Answers the
 -- rule as written, or no row when it is not at that version (or does not exist).
 WITH updated AS (
     UPDATE plexsphere.rules
@@ -27,14 +27,15 @@ WITH updated AS (
         created_by = $13::text,
         updated_at = now(),
         descriptor = $16::jsonb,
-        source = $17::text
+        source = $17::text,
+        charge = $18::text
     WHERE rule_id = $1::text
       AND version = $15::bigint
     RETURNING *
 )
 SELECT
     rule_id, service, api, scope, selector::text AS selector_json, descriptor::text AS descriptor_json, source,
-    rate, per_ms, burst, algorithm, mode, fail_mode, priority, version, created_by, updated_at,
+    rate, per_ms, burst, algorithm, mode, fail_mode, charge, priority, version, created_by, updated_at,
     plexsphere.record_rule_change(
         ROW(updated.*)::plexsphere.rules,
         updated.version, 'replaced', NULL, updated.created_by, updated.updated_at, $14::text

@@ -13,7 +13,7 @@
 -- the same id can compute the deletion's (see create.sql), and the caller retries.
 WITH target AS (
     SELECT rule_id, service, api, scope, selector, rate, per_ms, burst, algorithm, mode, fail_mode, priority,
-        descriptor, source
+        descriptor, source, charge
     FROM plexsphere.rule_versions
     WHERE rule_id = $1::text
       AND version = $2::bigint
@@ -27,12 +27,12 @@ previous AS (
 written AS (
     INSERT INTO plexsphere.rules (
         rule_id, service, api, scope, selector, rate, per_ms, burst, algorithm, mode, fail_mode,
-        priority, version, created_by, updated_at, descriptor, source
+        priority, version, created_by, updated_at, descriptor, source, charge
     )
     SELECT
         target.rule_id, target.service, target.api, target.scope, target.selector, target.rate, target.per_ms, target.burst,
         target.algorithm, target.mode, target.fail_mode, target.priority, previous.version + 1,
-        $3::text, now(), target.descriptor, target.source
+        $3::text, now(), target.descriptor, target.source, target.charge
     FROM target
     CROSS JOIN previous
     ON CONFLICT (rule_id) DO UPDATE
@@ -52,19 +52,20 @@ written AS (
         created_by = EXCLUDED.created_by,
         updated_at = EXCLUDED.updated_at,
         descriptor = EXCLUDED.descriptor,
-        source = EXCLUDED.source
+        source = EXCLUDED.source,
+        charge = EXCLUDED.charge
     RETURNING *, (xmax = 0) AS recreated
 )
 SELECT
     rule_id, service, api, scope, selector::text AS selector_json, descriptor::text AS descriptor_json, source,
-    rate, per_ms, burst, algorithm, mode, fail_mode, priority, version, created_by, updated_at,
+    rate, per_ms, burst, algorithm, mode, fail_mode, charge, priority, version, created_by, updated_at,
     recreated,
     plexsphere.record_rule_change(
         ROW(
             written.rule_id, written.scope, written.selector, written.rate, written.per_ms,
             written.burst, written.algorithm, written.mode, written.fail_mode, written.priority,
             written.version, written.created_by, written.updated_at, written.service, written.api,
-            written.descriptor, written.source
+            written.descriptor, written.source, written.charge
         )::plexsphere.rules,
         written.version, 'rolled_back', $2::bigint, written.created_by, written.updated_at, $4::text
     ) AS revision

@@ -7,7 +7,7 @@
 -- no row.
 WITH target AS (
     SELECT service, api, scope, selector, rate, per_ms, burst, algorithm, mode, fail_mode, priority,
-        descriptor, source
+        descriptor, source, charge
     FROM plexsphere.rule_versions
     WHERE rule_id = $1::text
       AND version = $2::bigint
@@ -31,7 +31,8 @@ written AS (
         created_by = $3::text,
         updated_at = now(),
         descriptor = target.descriptor,
-        source = target.source
+        source = target.source,
+        charge = target.charge
     FROM target
     WHERE rules.rule_id = $1::text
       AND rules.version = $5::bigint
@@ -39,7 +40,7 @@ written AS (
 )
 SELECT
     rule_id, service, api, scope, selector::text AS selector_json, descriptor::text AS descriptor_json, source,
-    rate, per_ms, burst, algorithm, mode, fail_mode, priority, version, created_by, updated_at,
+    rate, per_ms, burst, algorithm, mode, fail_mode, charge, priority, version, created_by, updated_at,
     false AS recreated,
     plexsphere.record_rule_change(
         ROW(written.*)::plexsphere.rules,

@@ -42,8 +42,8 @@ mod usage;
 pub use error::{BoxError, RepositoryError, WriteError};
 pub use model::{wildcard_matches, DescriptorRule, PathEntry, PathLimit, Unit, MAX_DEPTH};
 pub use model::{
-    Actor, Algorithm, Change, FailMode, InvalidRule, Mode, Rule, RuleDraft, RuleId, RuleSpec, RuleVersion,
-    Selector, Tier, UsageCount, UsageMinute, Version,
+    Actor, Algorithm, Change, Charge, FailMode, InvalidRule, Mode, Rule, RuleDraft, RuleId, RuleSpec,
+    RuleVersion, Selector, Tier, UsageCount, UsageMinute, Version,
 };
 pub use model::{
     Api, Attributes, Pattern, Service, ServiceDraft, Services, Target, MAX_ATTRIBUTES, OWN_SERVICE,

@@ -23,7 +23,7 @@ mod tests;
 #[error("invalid {field}: {reason}")]
 pub struct InvalidRule {
     /// The field as the API names it: `rule_id`, `service`, `api`, `scope`, `selector`, `rate`, `per_ms`,
-    /// `burst`, `algorithm`, `mode`, `fail_mode`, `priority`, `version` or `created_by`.
+    /// `burst`, `algorithm`, `mode`, `fail_mode`, `priority`, `charge`, `version` or `created_by`.
     pub field: &'static str,
     /// What it must be.
     pub reason: &'static str,
@@ -191,8 +191,37 @@ pub(crate) fn parse_fail_mode(text: &str) -> Result<FailMode, InvalidRule> {
     parse_text(text, FailMode::from_text, "fail_mode", "must be CLOSED, OPEN or STATIC")
 }
 
+/// When a rule's costs are charged to its bucket (docs/adr/0040).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Charge {
+    /// `WHEN_COVERED`, the default: a cost is spent only when the bucket covers it, and a
+    /// request it does not cover is refused, nothing spent.
+    #[default]
+    WhenCovered,
+    /// `ALWAYS`: a cost is charged whatever the bucket holds, and accepted. One the bucket
+    /// cannot cover leaves it in debt, refusing every request until refill has repaid it: for
+    /// costs known only after the response (an LLM's tokens, which Envoy sends with
+    /// `apply_on_stream_done`). Another service's rules only.
+    Always,
+}
+
+impl Charge {
+    /// Its text: `WHEN_COVERED` or `ALWAYS`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Charge::WhenCovered => "WHEN_COVERED",
+            Charge::Always => "ALWAYS",
+        }
+    }
+
+    /// The charge `text` names, if any.
+    pub fn from_text(text: &str) -> Option<Charge> {
+        [Charge::WhenCovered, Charge::Always].into_iter().find(|charge| charge.as_str() == text)
+    }
+}
+
 /// A rule as its writer gives it, before any check. `None` takes the default: `per_ms` 1000,
-/// `TOKEN_BUCKET`, `ENFORCE`, `CLOSED`, priority 0.
+/// `TOKEN_BUCKET`, `ENFORCE`, `CLOSED`, priority 0, `WHEN_COVERED`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RuleDraft {
     /// Another service's rule: its service, API and selector. `None`: one of this project's
@@ -216,6 +245,8 @@ pub struct RuleDraft {
     pub fail_mode: Option<String>,
     /// Which rule wins among several at one level: the highest.
     pub priority: Option<i64>,
+    /// `WHEN_COVERED` or `ALWAYS` (another service's rules only).
+    pub charge: Option<String>,
 }
 
 /// The longest `per_ms`: a day. Any longer and a rate worth having would round to nothing.
@@ -233,7 +264,8 @@ impl RuleDraft {
     /// for another service's, `ratebudget::Limit::for_any_period`'s), `algorithm`,
     /// `mode`, `fail_mode` (not one of their texts; `GCRA` for a scope other than
     /// `access_issuance_domain`, or for another service), `priority` (outside a 32-bit
-    /// integer).
+    /// integer), `charge` (not one of its texts; `ALWAYS` for one of this project's own
+    /// budgets).
     pub fn validate(self) -> Result<RuleSpec, InvalidRule> {
         let target = match &self.service {
             Some(service) => service.validate()?,
@@ -318,6 +350,15 @@ impl RuleDraft {
         let fail_mode = self.fail_mode.as_deref().map_or(Ok(FailMode::Closed), parse_fail_mode)?;
         let priority = i32::try_from(self.priority.unwrap_or(0))
             .map_err(|_| invalid("priority", "must be a whole number from -2147483648 to 2147483647"))?;
+        let charge = self.charge.as_deref().map_or(Ok(Charge::WhenCovered), |text| {
+            Charge::from_text(text).ok_or(invalid("charge", "must be WHEN_COVERED or ALWAYS"))
+        })?;
+        if charge == Charge::Always && matches!(target, Target::Own { .. }) {
+            return Err(invalid(
+                "charge",
+                "plexsphere's own budgets charge only what a bucket covers: ALWAYS is for another service's rules",
+            ));
+        }
         Ok(RuleSpec {
             target,
             rate: self.rate,
@@ -328,6 +369,7 @@ impl RuleDraft {
             mode,
             fail_mode,
             priority,
+            charge,
         })
     }
 }
@@ -352,6 +394,7 @@ pub struct RuleSpec {
     mode: Mode,
     fail_mode: FailMode,
     priority: i32,
+    charge: Charge,
 }
 
 impl RuleSpec {
@@ -392,6 +435,7 @@ impl RuleSpec {
             mode,
             fail_mode: FailMode::Closed,
             priority: 0,
+            charge: Charge::WhenCovered,
         })
     }
 
@@ -463,6 +507,11 @@ impl RuleSpec {
     /// Which rule wins among several at one level: the highest.
     pub fn priority(&self) -> i32 {
         self.priority
+    }
+
+    /// When its costs are charged: only when covered, or always (docs/adr/0040).
+    pub fn charge(&self) -> Charge {
+        self.charge
     }
 
     /// The policy a take governed by this rule carries; its decisions are counted under

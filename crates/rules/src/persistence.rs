@@ -132,8 +132,8 @@ fn bind_spec<'q>(
         .bind(actor.as_str().to_owned())
 }
 
-/// The binds of a file rule's descriptor and source (NULL for any other rule), after the
-/// statement's others.
+/// The binds of a file rule's descriptor and source (NULL for any other rule), and of every
+/// rule's charge, after the statement's others.
 fn bind_descriptor<'q>(
     query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
     spec: &RuleSpec,
@@ -142,6 +142,7 @@ fn bind_descriptor<'q>(
     query
         .bind(descriptor.map(|rule| descriptor_json(rule).to_string()))
         .bind(descriptor.map(|rule| rule.source.clone()))
+        .bind(spec.charge().as_str())
 }
 
 /// A file rule's path and what its file says of it, as its row's `descriptor` holds them.
@@ -287,6 +288,7 @@ fn spec_from_row(row: &PgRow) -> Result<RuleSpec, RepositoryError> {
         mode: Some(row.try_get("mode").map_err(unavailable)?),
         fail_mode: Some(row.try_get("fail_mode").map_err(unavailable)?),
         priority: Some(i64::from(priority)),
+        charge: Some(row.try_get("charge").map_err(unavailable)?),
     }
     .validate()
     .map_err(unavailable)

@@ -505,6 +505,7 @@ mod tests {
             mode: None,
             fail_mode: None,
             priority: Some(priority),
+            charge: None,
         }
         .validate()
         .unwrap();
@@ -530,6 +531,7 @@ mod tests {
             mode: None,
             fail_mode: None,
             priority: Some(priority),
+            charge: None,
         }
         .validate()
         .unwrap();
@@ -598,6 +600,7 @@ mod tests {
             mode: Some("SHADOW".into()),
             fail_mode: Some("STATIC".into()),
             priority: None,
+            charge: None,
         };
         let policy = draft.clone().validate().unwrap().policy(ratebudget::RuleRef(7));
         assert_eq!(policy.limit, ratebudget::Limit::new(2.0, 10.0).unwrap());
@@ -683,6 +686,7 @@ mod tests {
             mode: None,
             fail_mode: None,
             priority: Some(priority),
+            charge: None,
         }
         .validate()
         .unwrap();

@@ -46,7 +46,8 @@ pub struct Entry {
 pub struct Descriptor {
     /// The entries.
     pub entries: Vec<Entry>,
-    /// This descriptor's cost, over the request's.
+    /// This descriptor's cost, over the request's. An explicit 0 asks without spending: over
+    /// the limit while its bucket holds less than a token (docs/adr/0040).
     pub hits_addend: Option<u64>,
     /// Envoy's `limit` override: this request's limit instead of the rules', in a bucket of
     /// its own ([`override_buckets`]).
@@ -148,7 +149,9 @@ pub struct Status {
     /// (the other descriptor of a pair that was refused, a shadow refusal admitted, a decision
     /// without the store).
     pub limit_remaining: Option<u32>,
-    /// Until its bucket is full again, if nothing spends; `None` when unknown, as above.
+    /// Until its bucket is full again, if nothing spends (for a check over its limit, an
+    /// explicit `hits_addend` of 0, until it holds a token again: its `Retry-After`); `None`
+    /// when unknown, as above.
     pub until_reset: Option<Duration>,
 }
 
@@ -442,6 +445,12 @@ impl DecideService {
             statuses[position].code = Code::OverLimit;
             statuses[position].current_limit = Some(current);
         }
+        // Token budgets (`token_budgets.rs`): checks (an explicit 0) before the take, and
+        // charges of the rules that charge ALWAYS after it.
+        let held = token_budgets::HeldBack::of(&mut limited, request, &governing);
+        if let Some(answer) = self.before_the_take(service, &mut statuses, &held, &limited).await? {
+            return Ok(answer);
+        }
         let refused_all = statuses.iter().any(|status| status.code == Code::OverLimit);
         // A file's `quota_mode` descriptors refuse the request only when every one of them is
         // over: a take refused by one while another remains is taken again without it (each
@@ -544,7 +553,7 @@ impl DecideService {
             (0..statuses.len()).filter(|position| !quota_positions.contains(position)).any(|p| over(&p));
         let quotas_over = !quota_positions.is_empty() && quota_positions.iter().all(over);
         let overall = if others_over || quotas_over { Code::OverLimit } else { Code::Ok };
-        Ok(Answer { overall, statuses, headers })
+        self.after_the_take(service, Answer { overall, statuses, headers }, &held).await
     }
 }
 
@@ -679,3 +688,4 @@ fn key_of<'a>(fields: impl IntoIterator<Item = &'a str>) -> Key {
 
 #[cfg(test)]
 mod tests;
+mod token_budgets;

@@ -45,6 +45,7 @@ fn draft(
         mode: None,
         fail_mode: None,
         priority: None,
+        charge: None,
     }
     .validate()
     .unwrap()

@@ -334,6 +334,7 @@ impl Operations {
             mode: None,
             fail_mode: Some(fail_mode.as_str().to_owned()),
             priority: None,
+            charge: None,
         };
         draft.validate().map_err(|invalid| OperationError::Invalid {
             field: if invalid.field == "rate" { "issuance_per_second" } else { "issuance_burst" },

@@ -59,6 +59,8 @@ pub(super) struct SpecBody {
     mode: &'static str,
     fail_mode: &'static str,
     priority: i32,
+    /// `WHEN_COVERED`, or `ALWAYS`: costs charged whatever the bucket holds (docs/adr/0040).
+    charge: &'static str,
 }
 
 pub(super) fn selector_json(selector: rules::Selector) -> Value {
@@ -142,6 +144,7 @@ pub(super) fn spec_body(spec: &rules::RuleSpec) -> SpecBody {
         mode: spec.mode().as_str(),
         fail_mode: spec.fail_mode().as_str(),
         priority: spec.priority(),
+        charge: spec.charge().as_str(),
     }
 }
 
@@ -174,7 +177,7 @@ fn required<T>(value: Option<T>, name: &'static str) -> Result<T, ApiError> {
 }
 
 /// A rule's content from a `PUT` body: `rate` and `burst` required; `per_ms`, `algorithm`,
-/// `mode`, `fail_mode` and `priority` defaulted; `service` defaulted to `plexsphere`, whose
+/// `mode`, `fail_mode`, `priority` and `charge` defaulted; `service` defaulted to `plexsphere`, whose
 /// rules require `scope` and `selector` (`{}`, a tier or a Domain), where another service's
 /// take `api` (defaulted to `*`) and require `selector` (a flat object of strings).
 fn parse_rule(body: Result<Bytes, BytesRejection>) -> Result<rules::RuleSpec, ApiError> {
@@ -213,6 +216,7 @@ fn parse_rule(body: Result<Bytes, BytesRejection>) -> Result<rules::RuleSpec, Ap
         mode: fields.string("mode")?,
         fail_mode: fields.string("fail_mode")?,
         priority: fields.integer("priority")?,
+        charge: fields.string("charge")?,
     };
     fields.finish()?;
     Ok(draft.validate()?)

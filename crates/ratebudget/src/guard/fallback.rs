@@ -112,6 +112,36 @@ impl Fallback {
     pub(super) fn len(&self) -> usize {
         lock(&self.buckets).len()
     }
+
+    /// Charges `cost` to the bucket `id` at `now` whatever it holds, as the store's charge
+    /// does (docs/adr/0040): its level may go below 0, a debt its refill repays before it
+    /// covers anything again. Returns the level it is left at.
+    pub(super) fn charge(
+        &self,
+        id: BucketId,
+        cost: f64,
+        per_second: f64,
+        ceiling: f64,
+        now: DateTime<Utc>,
+    ) -> Result<f64, FallbackFull> {
+        let mut buckets = lock(&self.buckets);
+        if !buckets.contains_key(&id) && buckets.len() >= self.capacity {
+            buckets.retain(|_, bucket| !bucket.full_at(now));
+            if buckets.len() >= self.capacity {
+                return Err(FallbackFull);
+            }
+        }
+        let level = LocalBucket::level(buckets.get(&id), per_second, ceiling, now) - cost;
+        let at = buckets.get(&id).map_or(now, |bucket| bucket.at.max(now));
+        buckets.insert(id, LocalBucket { level, at, per_second, ceiling });
+        Ok(level)
+    }
+
+    /// What the bucket `id` holds at `now` (below 0 in debt; a bucket it does not remember is
+    /// full), without spending.
+    pub(super) fn level(&self, id: BucketId, per_second: f64, ceiling: f64, now: DateTime<Utc>) -> f64 {
+        LocalBucket::level(lock(&self.buckets).get(&id), per_second, ceiling, now)
+    }
 }
 
 impl Guarded {

@@ -86,6 +86,7 @@
 //! guard, its buckets with what the pre-check knows of each, is `precheck`; the circuit is
 //! `circuit`; the fallback is `fallback`; following resets is `resets`.
 
+mod charges;
 mod circuit;
 mod fallback;
 mod leases;
@@ -640,6 +641,22 @@ impl Decider for Guard {
             Err(undecided) => self.observer.decided(&take, now, Err(undecided), elapsed),
         }
         outcome.map(|(decision, _)| decision)
+    }
+
+    /// The same trusted clock, decision timeout, circuit and fail mode as a take; the
+    /// pre-check learns the row the charge left (`charges.rs`).
+    async fn charge(
+        &self,
+        spend: crate::Spend,
+        now: DateTime<Utc>,
+    ) -> Result<Option<crate::Fill>, Undecided> {
+        self.charge_guarded(spend, now).await
+    }
+
+    /// As [`Guard::charge`](Decider::charge); a row the pre-check knows to read below
+    /// `spend.cost` answers without the store (`charges.rs`).
+    async fn peek(&self, spend: crate::Spend, now: DateTime<Utc>) -> Result<Option<crate::Fill>, Undecided> {
+        self.peek_guarded(spend, now).await
     }
 }
 

@@ -12,6 +12,7 @@ fn draft() -> RuleDraft {
         mode: None,
         fail_mode: None,
         priority: None,
+        charge: None,
     }
 }
 
@@ -183,4 +184,28 @@ fn a_services_rule_may_take_up_to_a_year_and_a_day_to_refill_and_ours_an_hour() 
     assert!(service(1000.0 / 365.0, 86_400_000, 1000.0).validate().is_ok());
     assert_eq!(service(1.0, 86_400_000, 367.0).validate().unwrap_err().field, "burst");
     rejects(RuleDraft { rate: 1000.0, per_ms: Some(86_400_000), burst: 1000.0, ..draft() }, "burst");
+}
+
+/// Issue 34, item 4: another service's rule may charge its costs always (a token budget);
+/// ours charge only what a bucket covers.
+#[test]
+fn only_a_services_rule_may_charge_always() {
+    let service = |charge: Option<&str>| RuleDraft {
+        service: Some(crate::ServiceDraft {
+            service: "llm".into(),
+            api: None,
+            selector: vec![("tenant".into(), "*".into())],
+        }),
+        charge: charge.map(str::to_owned),
+        ..draft()
+    };
+    assert_eq!(service(None).validate().unwrap().charge(), Charge::WhenCovered);
+    assert_eq!(service(Some("WHEN_COVERED")).validate().unwrap().charge(), Charge::WhenCovered);
+    assert_eq!(service(Some("ALWAYS")).validate().unwrap().charge(), Charge::Always);
+    rejects(service(Some("always")), "charge");
+    assert_eq!(draft().validate().unwrap().charge(), Charge::WhenCovered);
+    rejects(RuleDraft { charge: Some("ALWAYS".into()), ..draft() }, "charge");
+    for charge in [Charge::WhenCovered, Charge::Always] {
+        assert_eq!(Charge::from_text(charge.as_str()), Some(charge));
+    }
 }

@@ -20,6 +20,7 @@ fn spec() -> RuleSpec {
         mode: None,
         fail_mode: None,
         priority: None,
+        charge: None,
     }
     .validate()
     .unwrap()
