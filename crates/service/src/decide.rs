@@ -14,6 +14,13 @@
 //! modes) and coalescing as this project's own takes; a SHADOW rule's refusal admits and is
 //! counted. A CLOSED rule whose store cannot answer makes the whole request undecided.
 //!
+//! A service's rules from envoyproxy/ratelimit's files ([`rules::DescriptorRule`]) are found
+//! first, by [`rules::Snapshot::walk`], and answer as envoyproxy/ratelimit answers: no limit or
+//! `unlimited` without a statement, 0 a unit refused without one, `replaces` dropping the
+//! named limit, `quota_mode` descriptors refusing only when all of them are over, each bucket
+//! keyed by [`path_key`]. Token budgets (`token_budgets.rs`): an explicit `hits_addend` of 0
+//! checks, and a rule charging `ALWAYS` is charged after the take, into debt.
+//!
 //! Envoy admits a request whose rate-limit call fails, so on this path an error is an
 //! admission: nothing a request's values hold (a long value, a control character, a huge
 //! cost, many descriptors) makes a decidable request an error. A value is hashed like any
