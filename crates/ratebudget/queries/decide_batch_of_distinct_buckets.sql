@@ -3,11 +3,11 @@
 -- buckets), decided in one round trip.
 --
 -- The work is in plexsphere.decide_rate_budget_batch_of_distinct_buckets (sql/functions/),
--- which decides as decide_batch.sql would (a take refused under the row lock, after a
+-- which decides as decide_takes.sql would (a take refused under the row lock, after a
 -- concurrent take won the race, is answered without a level, as take.sql answers it; the
 -- function's header says why). No key may repeat. Parameters, per take: $1 scope, $2 key,
--- $3 cost, $4 rate, $5 burst, $6 the caller's instant. One row per take, in decide_batch.sql's
--- columns.
+-- $3 cost, $4 rate, $5 burst, $6 the caller's instant. One row per take, in the
+-- columns plexsphere.decide_rate_budget_batch answers (the second side's always NULL).
 SELECT take, refused, first_tokens, first_refilled_at, second_tokens, second_refilled_at
 FROM plexsphere.decide_rate_budget_batch_of_distinct_buckets(
     $1::text[], $2::uuid[], $3::float8[], $4::float8[], $5::float8[], $6::timestamptz[]

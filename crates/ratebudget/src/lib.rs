@@ -16,9 +16,10 @@
 //! ([`GuardBuilder::trusted_only`]) it decides nothing while this process's clock cannot be
 //! trusted: every process must decide on one clock, the database's (docs/adr/0015). Then take:
 //!
-//! - **The one way to take** is [`Decider::decide`]: a [`Take`] (one [`Spend`], two spent
-//!   all-or-nothing, or a [`NamedSpend`] of a GCRA limiter) at an instant, answered with a
-//!   [`Decision`] or [`Undecided`]. The [`Guard`] and the [`Store`] are deciders.
+//! - **The one way to take** is [`Decider::decide`]: a [`Take`] (one [`Spend`], two or any
+//!   number spent all-or-nothing in one statement, or a [`NamedSpend`] of a GCRA limiter) at
+//!   an instant, answered with a [`Decision`] (whose [`Which`] names a position of the take)
+//!   or [`Undecided`]. The [`Guard`] and the [`Store`] are deciders.
 //! - [`TokenBuckets`] and [`GcraLimiter`] hold a budget under a name (its [`Limit`], how it is
 //!   enforced, the decider and the clock) and build that take for a key and a cost:
 //!   `uploads.take("api-key-alice", 1500.0).await?`. `examples/token_buckets.rs` is a whole

@@ -7,9 +7,9 @@
 //! migrations/0009's `decide_rate_budget_batch` from two buckets a take to any number), which
 //! decides them in order exactly as one at a time, or, for a call of single takes all of one bucket or
 //! all of distinct keys, a function made for that shape which decides the same in fewer steps
-//! (migrations/0014). There is no timer: a lone take is sent at once, as itself (take.sql, or
-//! `plexsphere.decide_rate_budget_takes` for a take of several buckets), and pays only a task
-//! hand-off. A take of several buckets (a pair, or any number: docs/adr/0038) is one take of
+//! (migrations/0014). There is no timer: a lone take is sent at once, as itself (take.sql, the
+//! pair function for two buckets, `plexsphere.decide_rate_budget_takes` for more), and pays
+//! only a task hand-off. A take of several buckets (a pair, or any number: docs/adr/0038) is one take of
 //! the call like any other.
 //!
 //! The calls run on tasks of their own ("drivers"), each looping while the queue is not

@@ -1,5 +1,6 @@
-//! The statements a call sends (take.sql, the function for takes of several buckets, the
-//! batch functions of one shape), and how the rows they return read as decisions.
+//! The statements a call sends (take.sql, the pair function, the function for takes of any
+//! number of buckets, the batch functions of one shape), and how the rows they return read as
+//! decisions.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use crate::error::Failure;
 use crate::{Decision, Fill, Grant, Key, Name, Refusal, Spend, Which};
 
 const TAKE: &str = include_str!("../../queries/take.sql");
+const DECIDE_PAIR: &str = include_str!("../../queries/decide_pair.sql");
 const DECIDE_TAKES: &str = include_str!("../../queries/decide_takes.sql");
 const DECIDE_BATCH_OF_ONE_BUCKET: &str = include_str!("../../queries/decide_batch_of_one_bucket.sql");
 const DECIDE_BATCH_OF_DISTINCT_BUCKETS: &str =
@@ -67,7 +69,7 @@ pub(crate) async fn run(
     Ok(decisions)
 }
 
-/// One take, as take.sql or the function for takes of several buckets.
+/// One take, as take.sql, the pair function, or the function for takes of several buckets.
 async fn run_one(
     connection: &mut PgConnection,
     statement: Statement,
@@ -92,12 +94,61 @@ async fn run_one(
                 None => refused(spend, which, None, now),
             })
         }
+        // Two buckets alone: the pair function, which decides exactly as the takes function
+        // does (tests/it/coalescing.rs's property test holds them to one model) in fewer and
+        // simpler statements (docs/adr/0038 has the figures).
+        Statement::Many(ref sides) if sides.len() == 2 => {
+            let [(first_at, first), (second_at, second)] = [sides[0], sides[1]];
+            let row: PairRow = sqlx::query_as(DECIDE_PAIR)
+                .bind(first.name.as_str())
+                .bind(first.key.as_uuid())
+                .bind(first.cost)
+                .bind(first.limit.per_second())
+                .bind(first.limit.burst())
+                .bind(second.name.as_str())
+                .bind(second.key.as_uuid())
+                .bind(second.cost)
+                .bind(second.limit.per_second())
+                .bind(second.limit.burst())
+                .bind(now)
+                .fetch_one(connection)
+                .await?;
+            let fill = |tokens: Option<f64>, refilled_at: Option<DateTime<Utc>>| {
+                Some(Fill { tokens: tokens?, refilled_at: refilled_at? })
+            };
+            let (first_fill, second_fill) = (
+                fill(row.first_tokens, row.first_refilled_at),
+                fill(row.second_tokens, row.second_refilled_at),
+            );
+            match (row.refused, first_fill, second_fill) {
+                (0, first_fill, second_fill) => Ok(Decision::Granted(Grant::of(
+                    [first_fill.map(|fill| (first_at, fill)), second_fill.map(|fill| (second_at, fill))]
+                        .into_iter()
+                        .flatten(),
+                ))),
+                (1, judged, _) => Ok(refused(first, first_at, judged, now)),
+                (2, _, judged) => Ok(refused(second, second_at, judged, now)),
+                (other, ..) => Err(Failure::Malformed(format!(
+                    "the pair function answered refused = {other}; this build knows 0, 1 and 2"
+                ))),
+            }
+        }
         Statement::Many(_) => {
             let statements = [(statement, now)];
             let mut decisions = run_takes(connection, &statements).await?;
             decisions.pop().ok_or_else(|| Failure::Malformed("the takes function answered no take".into()))
         }
     }
+}
+
+/// What the pair function answers.
+#[derive(sqlx::FromRow, Debug)]
+struct PairRow {
+    refused: i16,
+    first_tokens: Option<f64>,
+    first_refilled_at: Option<DateTime<Utc>>,
+    second_tokens: Option<f64>,
+    second_refilled_at: Option<DateTime<Utc>>,
 }
 
 /// Many takes, in order, in one call: of the function made for the call's shape when it has
