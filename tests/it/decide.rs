@@ -785,7 +785,8 @@ async fn entries_the_governing_rule_does_not_name_never_split_its_bucket(
 /// Issue 32, item 2 (over-admission through Envoy, which admits a request whose call fails):
 /// a value over 256 characters, a TAB, a descriptor cost above 2^53, more than 16
 /// descriptors or more than two governed ones made the whole request INVALID_ARGUMENT, even
-/// beside a descriptor already over its limit. Each is now decided.
+/// beside a descriptor already over its limit. Each is now decided (more than two governed
+/// ones all or nothing, in one take, since issue 34, item 3).
 #[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn no_value_a_client_chooses_turns_a_decision_into_an_error(
     _: PgPoolOptions,
@@ -826,6 +827,14 @@ async fn no_value_a_client_chooses_turns_a_decision_into_an_error(
         assert_eq!(status(answer, 0)["code"], "OVER_LIMIT", "{answer}");
     }
     assert_eq!(status(&answers[0], 1)["code"], "OK", "an unlimited long value is decided, not refused");
+    // Three governed descriptors are one take (issue 34, item 3): Contoso's is over, and only
+    // it; the others' buckets, which alone would have admitted, spent nothing.
+    assert_eq!(
+        (status(&answers[4], 1)["code"].as_str(), status(&answers[4], 2)["code"].as_str()),
+        (Some("OK"), Some("OK"))
+    );
+    let others = request(vec![unlimited("user", "alice"), unlimited("region", "eu")]);
+    assert_eq!(overall(&grpc::call(grpc, others).await), "OK", "each still holds its one token");
 
     // A long or unusual value in a governed entry is hashed like any other: its own bucket.
     let odd = grpc::calls(
@@ -1222,4 +1231,84 @@ async fn two_rules_naming_the_same_attributes_never_share_a_bucket(
     // The premium rule's one token is spent; acme's bucket is its own.
     assert_eq!(overall(&answers[1]), "OVER_LIMIT", "{}", answers[1]);
     assert_eq!(status(&answers[1], 0)["code"], "OVER_LIMIT");
+}
+
+/// Every bucket's row, in key order: what a decision that spends nothing must leave as it was.
+async fn rows(connect: &PgConnectOptions) -> Vec<(String, uuid::Uuid, f64, chrono::DateTime<chrono::Utc>)> {
+    let pool = PgPoolOptions::new().max_connections(1).connect_with(connect.clone()).await.unwrap();
+    let rows = sqlx::query_as(
+        "SELECT scope, bucket_key, tokens, refilled_at FROM plexsphere.rate_budgets ORDER BY scope, bucket_key",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    rows
+}
+
+/// Issue 34, item 3's acceptance: every descriptor of a request is decided in one take, all or
+/// nothing. A request of 64 governed descriptors is decided whole; with one of them over its
+/// limit, it is over the limit at that descriptor alone and no bucket is debited: the rows
+/// are unchanged, to the bit. Over gRPC and over HTTP alike.
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
+async fn sixty_four_descriptors_one_over_debit_nothing(_: PgPoolOptions, connect: PgConnectOptions) {
+    let clock = Arc::new(ManualClock::new(instant()));
+    let replica = service(&connect, clock, &[]).await;
+    let grpc = replica.grpc.unwrap();
+    rule(&replica, "per-user", directory_rule("*", &json!({ "user": "*" }), 3.0, 0)).await;
+    let users: Vec<String> = (0..64).map(|n| format!("u{n}")).collect();
+    let grpc_request = |hits: &dyn Fn(usize) -> u64| {
+        let descriptors: Vec<Value> = users
+            .iter()
+            .enumerate()
+            .map(|(n, user)| json!({ "entries": [["user", user]], "hits_addend": hits(n) }))
+            .collect();
+        json!({ "token": DECIDE_TOKEN, "domain": "directory", "descriptors": descriptors })
+    };
+
+    // All 64 fit: one take of 64 buckets, each granted and read at its own position.
+    let granted = grpc::call(grpc, grpc_request(&|n| if n == 17 { 2 } else { 1 })).await;
+    assert_eq!(overall(&granted), "OK", "{granted}");
+    for n in 0..64 {
+        let left = if n == 17 { 1 } else { 2 };
+        assert_eq!(status(&granted, n)["limit_remaining"], left, "descriptor {n}: {granted}");
+    }
+    let before = rows(&connect).await;
+    assert_eq!(before.len(), 64, "one row a descriptor");
+
+    // u17 holds 1 and is asked for 2: over, alone; the 63 others would each have fitted.
+    let over = grpc::call(grpc, grpc_request(&|n| if n == 17 { 2 } else { 1 })).await;
+    assert_eq!(overall(&over), "OVER_LIMIT", "{over}");
+    let codes: Vec<&str> = (0..64).map(|n| status(&over, n)["code"].as_str().unwrap()).collect();
+    assert!(
+        codes.iter().enumerate().all(|(n, code)| *code == if n == 17 { "OVER_LIMIT" } else { "OK" }),
+        "{codes:?}"
+    );
+    assert_eq!(rows(&connect).await, before, "no bucket was debited");
+
+    // The same over HTTP.
+    let descriptors: Vec<Value> = users
+        .iter()
+        .enumerate()
+        .map(|(n, user)| json!({ "entries": [{ "key": "user", "value": user }], "hits_addend": if n == 63 { 2 } else { 1 } }))
+        .collect();
+    let spend_u63 = http_decide(&replica, &http_one(&[("user", "u63")], 1)).await;
+    assert_eq!(spend_u63.body["overall_code"], "OK", "{spend_u63:?}");
+    let before = rows(&connect).await;
+    let http = http_decide(&replica, &json!({ "domain": "directory", "descriptors": descriptors })).await;
+    assert_eq!(
+        (http.status, http.body["overall_code"].as_str()),
+        (StatusCode::OK, Some("OVER_LIMIT")),
+        "{http:?}"
+    );
+    let statuses = http.body["statuses"].as_array().unwrap();
+    assert_eq!(statuses.len(), 64);
+    assert!(statuses[..63].iter().all(|status| status["code"] == "OK"), "{statuses:?}");
+    assert_eq!(statuses[63]["code"], "OVER_LIMIT");
+    assert_eq!(rows(&connect).await, before, "no bucket was debited");
+
+    // A token from each fits: all 64 are debited at once.
+    assert_eq!(overall(&grpc::call(grpc, grpc_request(&|_| 1)).await), "OK");
+    let after = rows(&connect).await;
+    assert!(after.iter().zip(&before).all(|(after, before)| after.2 == before.2 - 1.0), "{after:?}");
 }

@@ -124,7 +124,7 @@ fn the_precheck_refuses_only_what_the_shared_bucket_would_refuse() {
                         runtime.block_on(store.decide(take, now)).unwrap();
                         continue;
                     }
-                    let decision = runtime.block_on(guards[via].decide(take, now)).unwrap();
+                    let decision = runtime.block_on(guards[via].decide(take.clone(), now)).unwrap();
                     let source = *observers[via].0.lock().unwrap();
                     if source == Some(Source::Precheck) {
                         prechecked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -326,7 +326,7 @@ async fn takes_dropped_before_the_store_answered_leave_nothing_behind_in_the_pre
     let bucket = key();
     let spend = Take::Single(Spend::new(Scope::SecretReadNode, bucket, 1.0, Limit::new(1.0, 10.0).unwrap()));
     let now = instant();
-    assert!(guard.decide(spend, now).await.unwrap().is_granted(), "minted, 9 left");
+    assert!(guard.decide(spend.clone(), now).await.unwrap().is_granted(), "minted, 9 left");
 
     // Another transaction holds the row: the next take's call waits on it, and the twenty
     // after it queue behind that call; their callers give up before they are sent.
@@ -337,12 +337,12 @@ async fn takes_dropped_before_the_store_answered_leave_nothing_behind_in_the_pre
         .await
         .unwrap();
     let on_the_wire = tokio::spawn({
-        let guard = guard.clone();
+        let (guard, spend) = (guard.clone(), spend.clone());
         async move { guard.decide(spend, now).await }
     });
     sessions_wait_on_a_lock(&pool, 1).await;
     for _ in 0..20 {
-        let _ = tokio::time::timeout(StdDuration::from_millis(20), guard.decide(spend, now)).await;
+        let _ = tokio::time::timeout(StdDuration::from_millis(20), guard.decide(spend.clone(), now)).await;
     }
     holder.rollback().await.unwrap();
     assert!(on_the_wire.await.unwrap().unwrap().is_granted(), "8 left");
@@ -351,7 +351,7 @@ async fn takes_dropped_before_the_store_answered_leave_nothing_behind_in_the_pre
     // store, and then the store's refusal is what the pre-check learns from.
     let mut granted = 0;
     for _ in 0..10 {
-        let decision = guard.decide(spend, now).await.unwrap();
+        let decision = guard.decide(spend.clone(), now).await.unwrap();
         if decision.is_granted() {
             granted += 1;
         } else {
@@ -414,7 +414,7 @@ async fn the_fallback_keeps_its_buckets_through_whatever_the_precheck_forgets() 
         FailMode::Static,
     ));
     for _ in 0..3 {
-        assert!(guard.decide(local, now).await.unwrap().is_granted());
+        assert!(guard.decide(local.clone(), now).await.unwrap().is_granted());
         assert_eq!(*observer.0.lock().unwrap(), Some(Source::Fallback));
     }
     for forget in [
@@ -423,7 +423,7 @@ async fn the_fallback_keeps_its_buckets_through_whatever_the_precheck_forgets() 
         &|guard: &Guard| guard.forget_all(),
     ] {
         forget(&guard);
-        let decision = guard.decide(local, now).await.unwrap();
+        let decision = guard.decide(local.clone(), now).await.unwrap();
         assert!(!decision.is_granted(), "the fallback's bucket is spent: {decision:?}");
         assert_eq!(*observer.0.lock().unwrap(), Some(Source::Fallback));
     }
@@ -475,7 +475,7 @@ async fn a_pair_with_a_free_side_or_one_bucket_twice_decides_by_its_fail_mode() 
     let (a, b) = (key(), key());
     let free_side = Take::Pair(spend(b, 0.0), spend(a, 1.0));
     for _ in 0..3 {
-        let decision = guard.decide(free_side, now).await.unwrap();
+        let decision = guard.decide(free_side.clone(), now).await.unwrap();
         assert!(decision.is_granted(), "{decision:?}");
         assert_eq!(*observer.0.lock().unwrap(), Some(Source::Fallback));
     }
@@ -483,7 +483,7 @@ async fn a_pair_with_a_free_side_or_one_bucket_twice_decides_by_its_fail_mode() 
     assert_eq!(refusal.which, ratebudget::Which::Second, "the refused side is named as the caller named it");
 
     let twice = Take::Pair(spend(b, 1.0), spend(b, 1.0));
-    assert!(guard.decide(twice, now).await.unwrap().is_granted());
+    assert!(guard.decide(twice.clone(), now).await.unwrap().is_granted());
     assert_eq!(*observer.0.lock().unwrap(), Some(Source::Fallback));
     assert!(!guard.decide(twice, now).await.unwrap().is_granted(), "2 of 3 spent, 2 more do not fit");
 }

@@ -37,7 +37,7 @@ enum Answer {
     Never,
 }
 
-fn answer(decision: Decision) -> Answer {
+fn answer(decision: &Decision) -> Answer {
     match decision {
         Decision::Granted(_) => Answer::Allowed,
         Decision::Refused(refusal) => Answer::NotUntil(refusal.retry_after),
@@ -75,7 +75,7 @@ fn decides_exactly_as_governor_for_the_same_quota_and_arrivals() {
                 Ok(Err(not_until)) => Answer::NotUntil(not_until.wait_time_from(governor::clock::Clock::now(&clock))),
                 Err(_) => Answer::Never,
             };
-            let ours = answer(runtime.block_on(store.decide(spend(key.as_bytes(), cells, limit), now)).unwrap());
+            let ours = answer(&runtime.block_on(store.decide(spend(key.as_bytes(), cells, limit), now)).unwrap());
             prop_assert_eq!(ours, expected, "arrival {}: {} cells at +{} µs", i, cells, step_us);
         }
     });

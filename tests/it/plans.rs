@@ -18,7 +18,8 @@
 
 use chrono::{DateTime, Duration, Utc};
 use ratebudget::{
-    Decider, Enforcement, LeaseRequest, Limit, LimiterName, NamedKey, NamedSpend, Scope, Spend, Store, Take,
+    Decider, Enforcement, Key, LeaseRequest, Limit, LimiterName, NamedKey, NamedSpend, Scope, Spend, Store,
+    Take,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
@@ -35,9 +36,10 @@ const FILLED: i64 = 200_000;
 const TABLES: [&str; 2] = ["plexsphere.rate_budgets", "plexsphere.named_limits"];
 
 /// A decision of every shape the store sends, each a statement of its own: a lone take
-/// (take.sql), a lone pair (the pair function), a coalesced call on one bucket, one over
-/// distinct buckets, one mixing pairs and repeats (the general batch function), a named
-/// limiter's take (decide_named.sql, on `named_limits`), and a lease.
+/// (take.sql), a lone pair and a lone take of many buckets (the takes function), a coalesced
+/// call on one bucket, one over distinct buckets, one mixing pairs, takes of many and repeats
+/// (the takes function), a named limiter's take (decide_named.sql, on `named_limits`), and a
+/// lease.
 /// Returns the number of takes decided. Each decision must have been answered.
 async fn decide_every_shape(store: &Store, at: DateTime<Utc>) -> u64 {
     let limit = Limit::new(1_000.0, 1_000.0).unwrap();
@@ -60,9 +62,16 @@ async fn decide_every_shape(store: &Store, at: DateTime<Utc>) -> u64 {
     };
     let hot = key();
     let (first, second) = (key(), key());
+    let many = |keys: &[Key]| {
+        Take::many(
+            keys.iter().map(|key| Spend::new(Scope::IngestDomain, *key, 1.0, limit)).collect::<Vec<_>>(),
+        )
+    };
     let calls: Vec<Vec<(Take, DateTime<Utc>)>> = vec![
         vec![(single(key()), at)],
         vec![(pair(key(), key()), at)],
+        vec![(many(&(0..8).map(|_| key()).collect::<Vec<_>>()), at)],
+        vec![(many(&[key(), second, key()]), at), (pair(key(), second), at), (single(key()), at)],
         (0..8).map(|_| (single(hot), at)).collect(),
         (0..16).map(|_| (single(key()), at)).collect(),
         vec![(pair(first, second), at), (single(first), at), (pair(key(), second), at), (single(key()), at)],

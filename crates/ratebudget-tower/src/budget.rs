@@ -160,7 +160,7 @@ impl RequestBudget for NamedBudget {
     async fn spend(&self, key: &RequestKey, cost: u64) -> Result<Answer, SpendError> {
         let take = Take::Named(self.spend_of(key, cost));
         let now = self.clock.now();
-        let decision = self.decider.decide(take, now).await?;
+        let decision = self.decider.decide(take.clone(), now).await?;
         if self.enforcement.is_shadow() && !decision.is_granted() {
             // Decided and spent as if enforced (the observer saw the refusal); admitted.
             return Ok(Answer::Admitted(None));

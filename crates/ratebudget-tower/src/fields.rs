@@ -55,9 +55,9 @@ impl Reading {
             Some(read(spend.name.as_str(), spend.limit, fill, now))
         };
         match decision {
-            Decision::Granted(grant) => [Which::First, Which::Second]
-                .into_iter()
-                .filter_map(|which| reading(which, Some(grant.remaining(which)?)))
+            Decision::Granted(grant) => take
+                .spends()
+                .filter_map(|(which, _)| reading(which, Some(grant.remaining(which)?)))
                 // min_by_key keeps the first of equals: the first budget, on a tie.
                 .min_by_key(|reading| reading.remaining),
             Decision::Refused(refusal) => reading(refusal.which, refusal.judged),

@@ -6,6 +6,7 @@
 //! until the refused cost could be covered, and a cost above the burst is its own answer
 //! rather than a refusal with an invented wait.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,45 +14,129 @@ use chrono::{DateTime, Utc};
 
 use crate::{Fill, NamedSpend, Spend, Undecided};
 
-/// One take: a spend from one bucket, or from two all-or-nothing, or a request against a
-/// named (GCRA) limiter.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// One take: a spend from one bucket, from two or any number all-or-nothing, or a request
+/// against a named (GCRA) limiter.
+///
+/// Not `Copy` since [`Take::Many`] holds its spends behind an `Arc`: cloning a take is
+/// cheap (a reference count at most).
+#[derive(Clone, Debug, PartialEq)]
 pub enum Take {
     /// One bucket.
     Single(Spend),
     /// Two buckets, both debited or neither; [`Which::First`] is reported when both refuse.
     Pair(Spend, Spend),
+    /// Any number of buckets (one request's descriptors, say), every one debited or none, in
+    /// one statement: [`Which::at`]`(i)` names the `i`-th. The first that cannot cover its
+    /// cost, in this order, is reported. A bucket named more than once takes every cost named
+    /// for it (which needs one limit), as a pair naming one bucket twice does. `Take::Pair(a,
+    /// b)` and `Take::Many([a, b])` decide alike.
+    Many(Arc<[Spend]>),
     /// One key of a named limiter; its answers name [`Which::First`].
     Named(NamedSpend),
 }
 
 impl Take {
+    /// A take of every spend of `spends`, all or nothing ([`Take::Many`]).
+    pub fn many(spends: impl Into<Arc<[Spend]>>) -> Take {
+        Take::Many(spends.into())
+    }
+
     /// The bucket spend `which` names, if this take has it (a named take has none).
     pub fn spend(&self, which: Which) -> Option<Spend> {
-        match (self, which) {
-            (Take::Single(spend) | Take::Pair(spend, _), Which::First) => Some(*spend),
-            (Take::Pair(_, spend), Which::Second) => Some(*spend),
-            (Take::Single(_) | Take::Named(_), _) => None,
+        match (self, which.index()) {
+            (Take::Single(spend) | Take::Pair(spend, _), 0) => Some(*spend),
+            (Take::Pair(_, spend), 1) => Some(*spend),
+            (Take::Many(spends), index) => spends.get(index).copied(),
+            (Take::Single(_) | Take::Pair(..) | Take::Named(_), _) => None,
         }
     }
 
     /// Each bucket spend with its position (none for a named take).
     pub fn spends(&self) -> impl Iterator<Item = (Which, Spend)> + '_ {
-        [Which::First, Which::Second].into_iter().filter_map(|which| Some((which, self.spend(which)?)))
+        let spends: &[Spend] = match self {
+            Take::Single(spend) => std::slice::from_ref(spend),
+            Take::Pair(first, second) => return Spends::Pair([*first, *second], 0),
+            Take::Many(spends) => spends,
+            Take::Named(_) => &[],
+        };
+        Spends::Slice(spends.iter().enumerate())
+    }
+
+    /// How many bucket spends it has (0 for a named take).
+    pub fn len(&self) -> usize {
+        match self {
+            Take::Single(_) => 1,
+            Take::Pair(..) => 2,
+            Take::Many(spends) => spends.len(),
+            Take::Named(_) => 0,
+        }
+    }
+
+    /// Whether it spends no bucket: a named take, or [`Take::Many`] of nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
-/// Which spend of a [`Take`] an answer is about.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Which {
-    /// The single spend, or the first of a pair.
-    First,
-    /// The second of a pair.
-    Second,
+/// The spends of a take with their positions ([`Take::spends`]).
+enum Spends<'a> {
+    Pair([Spend; 2], usize),
+    Slice(std::iter::Enumerate<std::slice::Iter<'a, Spend>>),
 }
 
-/// What a take decided.
-#[derive(Clone, Copy, Debug, PartialEq)]
+impl Iterator for Spends<'_> {
+    type Item = (Which, Spend);
+
+    fn next(&mut self) -> Option<(Which, Spend)> {
+        match self {
+            Spends::Pair(spends, next) => {
+                let spend = *spends.get(*next)?;
+                *next += 1;
+                Some((Which::at(*next - 1), spend))
+            }
+            Spends::Slice(spends) => spends.next().map(|(index, spend)| (Which::at(index), *spend)),
+        }
+    }
+}
+
+/// Which spend of a [`Take`] an answer is about: its position, from 0.
+///
+/// [`Which::First`] and [`Which::Second`] are positions 0 and 1 (the single spend, or a
+/// pair's two; they match as patterns), [`Which::at`] any position of a [`Take::Many`].
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Which(usize);
+
+#[allow(non_upper_case_globals)]
+impl Which {
+    /// The single spend, or the first of a pair (position 0).
+    pub const First: Which = Which(0);
+    /// The second of a pair (position 1).
+    pub const Second: Which = Which(1);
+
+    /// The spend at `index`, from 0.
+    pub const fn at(index: usize) -> Which {
+        Which(index)
+    }
+
+    /// Its position, from 0.
+    pub const fn index(self) -> usize {
+        self.0
+    }
+}
+
+impl std::fmt::Debug for Which {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            0 => f.write_str("First"),
+            1 => f.write_str("Second"),
+            index => write!(f, "At({index})"),
+        }
+    }
+}
+
+/// What a take decided. Not `Copy`: a grant of a [`Take::Many`] holds what it left in each of
+/// its buckets behind an `Arc`.
+#[derive(Clone, Debug, PartialEq)]
 pub enum Decision {
     /// Every bucket covered its cost and was debited.
     Granted(Grant),
@@ -69,17 +154,81 @@ impl Decision {
 }
 
 /// What a grant left in each bucket.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Grant {
     pub(crate) first: Option<Fill>,
     pub(crate) second: Option<Fill>,
     /// For a named limiter: the key's TAT as the grant set it, and the cells it leaves.
     pub(crate) named: Option<(DateTime<Utc>, u32)>,
+    /// For a take of more than two buckets: what each position from the third on left.
+    pub(crate) rest: Option<Arc<[Option<Fill>]>>,
 }
 
 impl Grant {
     /// A grant that looked at no bucket (every cost was zero).
-    pub(crate) const FREE: Grant = Grant { first: None, second: None, named: None };
+    pub(crate) const FREE: Grant = Grant { first: None, second: None, named: None, rest: None };
+
+    /// A grant of bucket spends, each position with what it left (`None`: not looked at).
+    pub(crate) fn of(fills: impl IntoIterator<Item = (Which, Fill)>) -> Grant {
+        let mut grant = Grant::FREE;
+        let mut rest: Vec<Option<Fill>> = Vec::new();
+        for (which, fill) in fills {
+            match which.index() {
+                0 => grant.first = Some(fill),
+                1 => grant.second = Some(fill),
+                index => {
+                    if rest.len() < index - 1 {
+                        rest.resize(index - 1, None);
+                    }
+                    rest[index - 2] = Some(fill);
+                }
+            }
+        }
+        if !rest.is_empty() {
+            grant.rest = Some(rest.into());
+        }
+        grant
+    }
+
+    /// The positions this grant says something of, with what each left.
+    pub(crate) fn fills(&self) -> impl Iterator<Item = (Which, Fill)> + '_ {
+        let rest = self.rest.as_deref().unwrap_or(&[]);
+        [self.first, self.second]
+            .into_iter()
+            .chain(rest.iter().copied())
+            .enumerate()
+            .filter_map(|(index, fill)| Some((Which::at(index), fill?)))
+    }
+
+    /// This grant, with what each bucket left also said at every other position of `take`
+    /// that spends from it (a bucket named twice is decided once, at one position); a free
+    /// spend (cost 0) still looks at nothing.
+    pub(crate) fn spread_over(self, take: &Take) -> Grant {
+        if !matches!(take, Take::Pair(..) | Take::Many(_)) {
+            return self;
+        }
+        let bucket = |which: Which| take.spend(which).map(|spend| (spend.name, spend.key));
+        let known: Vec<(Which, Fill)> = self.fills().collect();
+        let missing = take.spends().any(|(which, spend)| {
+            !spend.is_free()
+                && self.remaining(which).is_none()
+                && known.iter().any(|(at, _)| bucket(*at) == Some((spend.name, spend.key)))
+        });
+        if !missing {
+            return self;
+        }
+        let named = self.named;
+        let spread = take.spends().filter(|(_, spend)| !spend.is_free()).filter_map(|(which, spend)| {
+            let fill = self.remaining(which).or_else(|| {
+                known
+                    .iter()
+                    .find(|(at, _)| bucket(*at) == Some((spend.name, spend.key)))
+                    .map(|(_, fill)| *fill)
+            })?;
+            Some((which, fill))
+        });
+        Grant { named, ..Grant::of(spread) }
+    }
 
     /// For a named limiter's grant: the cells left at the decision's instant.
     pub fn cells_left(&self) -> Option<u32> {
@@ -93,11 +242,13 @@ impl Grant {
     }
 
     /// The bucket `which` right after the debit: `tokens` is what is left at the decision's
-    /// instant. `None` for a spend of zero cost, which is granted without looking at its bucket.
+    /// instant. `None` for a spend of zero cost, which is granted without looking at its
+    /// bucket, and for a position the take does not have.
     pub fn remaining(&self, which: Which) -> Option<Fill> {
-        match which {
-            Which::First => self.first,
-            Which::Second => self.second,
+        match which.index() {
+            0 => self.first,
+            1 => self.second,
+            index => self.rest.as_deref().and_then(|rest| rest.get(index - 2).copied().flatten()),
         }
     }
 }

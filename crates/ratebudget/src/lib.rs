@@ -51,6 +51,7 @@ mod model;
 mod name;
 mod named;
 mod policy;
+mod sides;
 mod spender;
 mod statements;
 mod store;

@@ -59,7 +59,10 @@ impl Spender {
     /// Decides `take`, built by the caller (each spend carrying its own limit and
     /// enforcement), at `now`, with the same shadow semantics as every take of this spender:
     /// a refusal by a budget in [`Mode::Shadow`](crate::Mode::Shadow) is turned into an
-    /// admission, and the other budget of a pair is then taken alone.
+    /// admission, and the other budgets of the take (the other of a pair, the rest of a
+    /// [`Take::Many`]) are then taken without it, all or nothing, and reported at their own
+    /// positions; a shadow spend left out reads as not looked at
+    /// ([`Grant::remaining`] is `None` for it).
     ///
     /// # Errors
     /// As [`Decider::decide`].
@@ -69,23 +72,35 @@ impl Spender {
 
     /// [`Spender::spend`] at a given `now`.
     async fn spend_at(&self, take: Take, now: DateTime<Utc>) -> Result<Decision, Undecided> {
-        let decision = self.decider.decide(take, now).await?;
+        let decision = self.decider.decide(take.clone(), now).await?;
         let Some(shadowed) = shadow_refusal(&take, &decision) else {
             return Ok(decision);
         };
-        let (Take::Pair(first, second), which) = (take, shadowed) else {
-            return Ok(Decision::Granted(Grant::FREE));
+        let spends: Vec<Spend> = match &take {
+            Take::Pair(first, second) => vec![*first, *second],
+            Take::Many(spends) => spends.to_vec(),
+            Take::Single(_) | Take::Named(_) => return Ok(Decision::Granted(Grant::FREE)),
         };
-        let (other, position) = match which {
-            Which::First => (second, Which::Second),
-            Which::Second => (first, Which::First),
-        };
-        let alone = Take::Single(other);
-        let decision = self.decider.decide(alone, now).await?;
-        if shadow_refusal(&alone, &decision).is_some() {
-            return Ok(Decision::Granted(Grant::FREE));
+        // The spends still taken, by their positions in `take`: each shadow refusal leaves its
+        // spend out and takes the rest again, so an enforced budget is still spent, and still
+        // refuses, for every request admitted. The store answers the first bucket that cannot
+        // cover, so a take whose shadow spends are all short needs one more round trip for
+        // each (the pre-check answers those it already knows without a statement).
+        let mut kept: Vec<usize> = (0..spends.len()).filter(|index| *index != shadowed.index()).collect();
+        while !kept.is_empty() {
+            let rest = match kept.as_slice() {
+                [only] => Take::Single(spends[*only]),
+                kept => Take::many(kept.iter().map(|index| spends[*index]).collect::<Vec<_>>()),
+            };
+            let decision = self.decider.decide(rest.clone(), now).await?;
+            match shadow_refusal(&rest, &decision) {
+                None => return Ok(placed(decision, &kept)),
+                Some(shadowed) => {
+                    kept.remove(shadowed.index());
+                }
+            }
         }
-        Ok(placed(decision, position))
+        Ok(Decision::Granted(Grant::FREE))
     }
 }
 
@@ -103,16 +118,20 @@ fn shadow_refusal(take: &Take, decision: &Decision) -> Option<Which> {
     shadow.then_some(which)
 }
 
-/// A single take's decision, reported at `position` of the pair it was part of.
-fn placed(decision: Decision, position: Which) -> Decision {
+/// A decision of the spends at positions `kept` of a take (in that order), reported at those
+/// positions of the take.
+fn placed(decision: Decision, kept: &[usize]) -> Decision {
+    let at = |which: Which| Which::at(kept[which.index()]);
     match decision {
-        Decision::Granted(grant) if position == Which::Second => {
-            Decision::Granted(Grant { first: None, second: grant.first, named: grant.named })
+        Decision::Granted(grant) => Decision::Granted(Grant {
+            named: grant.named,
+            ..Grant::of(grant.fills().map(|(which, fill)| (at(which), fill)).collect::<Vec<_>>())
+        }),
+        Decision::Refused(refusal) => {
+            Decision::Refused(crate::Refusal { which: at(refusal.which), ..refusal })
         }
-        Decision::Granted(grant) => Decision::Granted(grant),
-        Decision::Refused(refusal) => Decision::Refused(crate::Refusal { which: position, ..refusal }),
         Decision::InsufficientCapacity(never) => {
-            Decision::InsufficientCapacity(crate::InsufficientCapacity { which: position, ..never })
+            Decision::InsufficientCapacity(crate::InsufficientCapacity { which: at(never.which), ..never })
         }
     }
 }
@@ -165,13 +184,13 @@ impl SingleBudget {
             }
         };
         let now = self.spender.clock.now();
-        let decision = self.spender.spend_at(take, now).await?;
+        let decision = self.spender.spend_at(take.clone(), now).await?;
         Ok(Spent { take, decision, now })
     }
 }
 
 /// What [`SingleBudget::spend_detailed`] took, when, and what was decided.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Spent {
     /// The take as it was decided: the scope's bucket or named limiter, the cost, the policy.
     pub take: Take,
@@ -292,7 +311,7 @@ mod tests {
 
     fn granted_first(tokens: f64) -> Decision {
         let fill = Fill { tokens, refilled_at: DateTime::UNIX_EPOCH };
-        Decision::Granted(Grant { first: Some(fill), second: None, named: None })
+        Decision::Granted(Grant::of([(Which::First, fill)]))
     }
 
     #[tokio::test]
@@ -302,7 +321,7 @@ mod tests {
         let decision = spender.single(Scope::SecretReadNode).spend(NODE, DOMAIN, 1.0).await.unwrap();
         assert_eq!(decision, Decision::Granted(Grant::FREE));
         let takes = script.takes.lock().unwrap().clone();
-        let Take::Single(spend) = takes[0] else { panic!("{takes:?}") };
+        let Take::Single(spend) = takes[0].clone() else { panic!("{takes:?}") };
         assert_eq!(spend.enforcement.rule, Some(RuleRef(7)), "the rule travels with the take");
     }
 
@@ -349,6 +368,47 @@ mod tests {
         let (spender, _) = scripted(vec![refused(Which::Second), never], shadow, shadow);
         let pair = spender.pair(Scope::SecretReadNode, Scope::SecretReadDomain);
         assert_eq!(pair.spend(NODE, DOMAIN, DOMAIN, 9.0).await.unwrap(), Decision::Granted(Grant::FREE));
+    }
+
+    #[tokio::test]
+    async fn a_take_of_many_leaves_out_each_shadow_refusal_and_answers_at_the_takes_own_positions() {
+        // Issue 34, item 3: a request's descriptors, two of them under SHADOW rules.
+        let spend = |i: u8, mode: Mode| Spend {
+            enforcement: Enforcement { mode, fail_mode: FailMode::Closed, rule: None },
+            ..Spend::new(Scope::SecretReadNode, Key([i; 16]), 1.0, Limit::new(1.0, 5.0).unwrap())
+        };
+        let take = Take::many([
+            spend(1, Mode::Enforce),
+            spend(2, Mode::Shadow),
+            spend(3, Mode::Enforce),
+            spend(4, Mode::Shadow),
+        ]);
+        let fill = |tokens| Fill { tokens, refilled_at: DateTime::UNIX_EPOCH };
+        // The store refuses position 1 (shadow), then, of the three left, their third: the
+        // take's position 3 (shadow), then grants the two enforced ones.
+        let granted = Decision::Granted(Grant::of([(Which::First, fill(4.0)), (Which::Second, fill(2.0))]));
+        let enforced = policy(Mode::Enforce, Algorithm::TokenBucket);
+        let (spender, script) =
+            scripted(vec![refused(Which::Second), refused(Which::at(2)), granted], enforced, enforced);
+        let Decision::Granted(grant) = spender.decide_at(take.clone(), DateTime::UNIX_EPOCH).await.unwrap()
+        else {
+            panic!("admitted")
+        };
+        let left: Vec<Option<f64>> =
+            (0..4).map(|i| grant.remaining(Which::at(i)).map(|fill| fill.tokens)).collect();
+        assert_eq!(
+            left,
+            [Some(4.0), None, Some(2.0), None],
+            "each at its own position; the shadow ones unread"
+        );
+        let keys = |take: &Take| take.spends().map(|(_, spend)| spend.key.0[0]).collect::<Vec<_>>();
+        let takes = script.takes.lock().unwrap().clone();
+        assert_eq!(takes.iter().map(keys).collect::<Vec<_>>(), [vec![1, 2, 3, 4], vec![1, 3, 4], vec![1, 3]]);
+
+        // An enforced refusal of what is left stands, at the take's own position.
+        let (spender, _) = scripted(vec![refused(Which::at(3)), refused(Which::at(2))], enforced, enforced);
+        let decision = spender.decide_at(take, DateTime::UNIX_EPOCH).await.unwrap();
+        assert_eq!(decision, refused(Which::at(2)));
     }
 
     #[tokio::test]

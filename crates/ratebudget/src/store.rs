@@ -9,6 +9,7 @@ use crate::batch::{self, Coalescer, Coalescing, Statement};
 use crate::connections::{transaction_begin, TakeConnections, DECISION_SETTINGS};
 use crate::error::Failure;
 use crate::named::Gcra;
+use crate::sides::{self, Sides};
 use crate::statements::commit_what_the_pool_opened;
 mod charges;
 
@@ -134,7 +135,7 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<bool, Error> {
         let limit = Limit::try_from(budget)?;
-        let decision = self.decide_take(Take::Single(Spend::new(scope, key, cost, limit)), now).await?;
+        let decision = self.decide_take(&Take::Single(Spend::new(scope, key, cost, limit)), now).await?;
         Ok(decision.is_granted())
     }
 
@@ -152,14 +153,16 @@ impl Store {
     /// before a bucket's last refill refills nothing and leaves its timestamp alone.
     ///
     /// Without a query: a spend of zero cost is granted (a pair with one free side is a single
-    /// take), and a cost above its burst is [`Decision::InsufficientCapacity`]. A pair naming
-    /// one bucket twice takes both costs from it, which needs one limit. When both buckets of
-    /// a pair would refuse, the first is reported.
-    async fn decide_take(&self, take: Take, now: DateTime<Utc>) -> Result<Decision, Failure> {
+    /// take), and a cost above its burst is [`Decision::InsufficientCapacity`]. A take naming
+    /// one bucket more than once takes every cost from it, which needs one limit. When several
+    /// buckets of a take would refuse, the first in the take's order is reported. A take of
+    /// two or more buckets (a pair, or [`Take::Many`] of any number) is one call of
+    /// `plexsphere.decide_rate_budget_takes`, alone or coalesced (docs/adr/0038).
+    async fn decide_take(&self, take: &Take, now: DateTime<Utc>) -> Result<Decision, Failure> {
         match reduce(take)? {
             Reduced::Answered(decision) => Ok(decision),
             Reduced::Named(spend) => self.decide_named(spend, now).await,
-            Reduced::Statement(statement) => self.coalescer.decide(statement, now).await,
+            Reduced::Statement(statement) => Ok(for_take(self.coalescer.decide(statement, now).await?, take)),
         }
     }
 
@@ -177,7 +180,7 @@ impl Store {
         let mut statements = Vec::new();
         let mut named = Vec::new();
         for (i, (take, now)) in takes.iter().enumerate() {
-            answers.push(match reduce(*take) {
+            answers.push(match reduce(take) {
                 Ok(Reduced::Answered(decision)) => Some(Ok(decision)),
                 Ok(Reduced::Named(spend)) => {
                     named.push((i, spend, *now));
@@ -195,11 +198,11 @@ impl Store {
             answers[i] = Some(self.decide_named(spend, now).await.map_err(Undecided::from));
         }
         let sent: Vec<(Statement, DateTime<Utc>)> =
-            statements.iter().map(|(_, statement, now)| (*statement, *now)).collect();
+            statements.iter().map(|(_, statement, now)| (statement.clone(), *now)).collect();
         match batch::run(&self.takes, &sent).await {
             Ok(decisions) => {
                 for ((i, _, _), decision) in statements.iter().zip(decisions) {
-                    answers[*i] = Some(Ok(decision));
+                    answers[*i] = Some(Ok(for_take(decision, &takes[*i].0)));
                 }
             }
             Err(failure) => {
@@ -366,53 +369,27 @@ enum Reduced {
     Named(NamedSpend),
 }
 
-/// Validates `take` and answers what needs no query: a zero cost is granted (a pair with one
-/// free side is a single take of the other), a cost above its burst can never fit, and a pair
-/// naming one bucket twice is one take of both costs (which needs one limit).
-fn reduce(take: Take) -> Result<Reduced, Error> {
-    for (_, spend) in take.spends() {
-        spend.validate()?;
+/// Validates `take` and answers what needs no query ([`sides::of`]): a zero cost is granted
+/// (a pair with one free side is a single take of the other), a cost above its burst can
+/// never fit, and a bucket named more than once is one side of every cost named for it
+/// (which needs one limit).
+fn reduce(take: &Take) -> Result<Reduced, Error> {
+    if let Take::Named(spend) = take {
+        return Ok(Reduced::Named(*spend));
     }
-    for (which, spend) in take.spends() {
-        if spend.never_fits() {
-            let (cost, burst) = (spend.cost, spend.limit.burst());
-            return Ok(Reduced::Answered(Decision::InsufficientCapacity(InsufficientCapacity {
-                which,
-                cost,
-                burst,
-            })));
-        }
-    }
-    let single = |spend: Spend, which| {
-        if spend.is_free() {
-            Reduced::Answered(Decision::Granted(Grant::FREE))
-        } else {
-            Reduced::Statement(Statement::Single { spend, which })
-        }
-    };
-    let (first, second) = match take {
-        Take::Single(spend) => return Ok(single(spend, Which::First)),
-        Take::Pair(first, second) => (first, second),
-        Take::Named(spend) => return Ok(Reduced::Named(spend)),
-    };
-    if (first.name, first.key) == (second.name, second.key) {
-        if first.limit != second.limit {
-            return Err(Error::InvalidBudget);
-        }
-        let both = Spend { cost: first.cost + second.cost, ..first };
-        if both.never_fits() {
-            let (cost, burst) = (both.cost, both.limit.burst());
-            let never = InsufficientCapacity { which: Which::First, cost, burst };
-            return Ok(Reduced::Answered(Decision::InsufficientCapacity(never)));
-        }
-        return Ok(single(both, Which::First));
-    }
-    Ok(match (first.is_free(), second.is_free()) {
-        (true, true) => Reduced::Answered(Decision::Granted(Grant::FREE)),
-        (false, true) => single(first, Which::First),
-        (true, false) => single(second, Which::Second),
-        (false, false) => Reduced::Statement(Statement::Pair { first, second }),
+    Ok(match sides::of(take)? {
+        Sides::Answered(decision) => Reduced::Answered(decision),
+        Sides::Send(sides) => Reduced::Statement(Statement::of(&sides)),
     })
+}
+
+/// `decision`, a decision of `take`'s sides, for `take` itself: a grant says what each
+/// bucket left at every position that spends from it ([`Grant::spread_over`]).
+fn for_take(decision: Decision, take: &Take) -> Decision {
+    match decision {
+        Decision::Granted(grant) => Decision::Granted(grant.spread_over(take)),
+        decision => decision,
+    }
 }
 
 /// Runs one statement on a task of its own and waits for it.
@@ -470,7 +447,7 @@ impl Store {
         Ok(match row {
             Some((true, tat)) => {
                 let named = Some((named::instant(tat), gcra.remaining(tat, now_us)));
-                Decision::Granted(Grant { first: None, second: None, named })
+                Decision::Granted(Grant { named, ..Grant::FREE })
             }
             Some((false, tat)) => Decision::Refused(Refusal {
                 which: Which::First,
@@ -493,7 +470,7 @@ impl Store {
 #[async_trait::async_trait]
 impl Decider for Store {
     async fn decide(&self, take: Take, now: DateTime<Utc>) -> Result<Decision, Undecided> {
-        Ok(self.decide_take(take, now).await?)
+        Ok(self.decide_take(&take, now).await?)
     }
 
     /// One statement of its own, never coalesced: a replica leases a bucket at most once per

@@ -257,7 +257,8 @@ impl Limiter for RateBudgetReadLimiter {
             Decision::Refused(Refusal { which: Which::First, retry_after, .. }) => {
                 Err(ReadLimitError::NodeRateLimited { retry_after })
             }
-            Decision::Refused(Refusal { which: Which::Second, retry_after, .. }) => {
+            // The Domain's (`Which::Second`): a pair has no other position.
+            Decision::Refused(Refusal { retry_after, .. }) => {
                 Err(ReadLimitError::DomainRateLimited { retry_after })
             }
             Decision::InsufficientCapacity(never) => Err(ReadLimitError::Unavailable(never.into())),

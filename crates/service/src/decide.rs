@@ -10,7 +10,7 @@
 //! with the request's value for it ([`rules::Snapshot::keyed_by`]), under the budget
 //! [`service_buckets`]: an entry the rule does not name never splits its bucket. The
 //! descriptors of one request that some rule governs are decided together, all or nothing, in
-//! one round trip (a single take, or a pair), through the same guard (pre-check, circuit, fail
+//! one round trip (a single take, a pair, or a take of any number), through the same guard (pre-check, circuit, fail
 //! modes) and coalescing as this project's own takes; a SHADOW rule's refusal admits and is
 //! counted. A CLOSED rule whose store cannot answer makes the whole request undecided.
 //!
@@ -18,8 +18,7 @@
 //! admission: nothing a request's values hold (a long value, a control character, a huge
 //! cost, many descriptors) makes a decidable request an error. A value is hashed like any
 //! other; a cost no bucket can hold is over the limit, as [`ratebudget::Decision`]'s
-//! `InsufficientCapacity` is; more governed descriptors than one statement takes is over the
-//! limit. Only a request malformed as a message (no domain, a descriptor without entries) is
+//! `InsufficientCapacity` is. Only a request malformed as a message (no domain, a descriptor without entries) is
 //! [`DecideError::Invalid`].
 
 use std::sync::Arc;
@@ -32,11 +31,6 @@ use sha2::{Digest, Sha256};
 use rules::PathLimit;
 
 use crate::budgets::{override_buckets, service_buckets, NotLoaded, RuleBudgets};
-
-/// The most descriptors of one request some rule may govern: they are decided together in one
-/// statement, which takes one bucket or two. A request with more is over the limit, nothing
-/// spent, rather than a decision that is not all or nothing.
-pub const MAX_LIMITED: usize = 2;
 
 /// One entry of a descriptor.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -249,9 +243,6 @@ pub enum Verdict {
     OverLimit,
     /// Over the limit of a SHADOW rule, and admitted.
     ShadowOverLimit,
-    /// Not decided: one of more governed descriptors than one statement takes (the enforced
-    /// ones are over the limit, a SHADOW rule's admitted).
-    NotDecided,
 }
 
 impl Verdict {
@@ -262,7 +253,6 @@ impl Verdict {
             Verdict::NearLimit => "near_limit",
             Verdict::OverLimit => "over_limit",
             Verdict::ShadowOverLimit => "shadow_over_limit",
-            Verdict::NotDecided => "not_decided",
         }
     }
 }
@@ -455,37 +445,61 @@ impl DecideService {
             statuses[position].code = Code::OverLimit;
             statuses[position].current_limit = Some(current);
         }
+        let refused_all = statuses.iter().any(|status| status.code == Code::OverLimit);
+        // A file's `quota_mode` descriptors refuse the request only when every one of them is
+        // over: a take refused by one while another remains is taken again without it (each
+        // take all or nothing, so a refused one debits nothing), that one answered over.
+        let quota_mode = |position: usize| {
+            request.descriptors[position].limit.is_none()
+                && governing[position]
+                    .and_then(|governed| governed.rule.spec.descriptor())
+                    .is_some_and(|rule| rule.quota_mode)
+        };
+        let quota_positions: Vec<usize> =
+            limited.iter().map(|(position, ..)| *position).filter(|position| quota_mode(*position)).collect();
         // Token budgets (`token_budgets.rs`): checks (an explicit 0) before the take, and
         // charges of the rules that charge ALWAYS after it.
         let held = token_budgets::HeldBack::of(&mut limited, request, &governing);
-        if let Some(answer) = self.before_the_take(service, &mut statuses, &held, &limited).await? {
+        if let Some(answer) =
+            self.before_the_take(service, &mut statuses, &held, &limited, &quota_mode).await?
+        {
             return Ok(answer);
         }
-        let refused_all = statuses.iter().any(|status| status.code == Code::OverLimit);
-        let take = match limited.as_slice() {
-            // An override of 0 refuses the request whatever else it carries: nothing is spent.
-            _ if refused_all => {
-                return Ok(Answer { overall: Code::OverLimit, statuses, headers: Vec::new() });
-            }
-            [] => return Ok(Answer { overall: Code::Ok, statuses, headers: Vec::new() }),
-            [(_, only, _)] => Take::Single(*only),
-            [(_, first, _), (_, second, _)] => Take::Pair(*first, *second),
-            more => {
-                let answer = too_many_limited(statuses, more);
-                for (_, _, rule_id) in more.iter().filter(|(_, _, rule_id)| !rule_id.is_empty()) {
-                    self.observer.ruled(service, rule_id, Verdict::NotDecided);
-                }
-                return Ok(answer);
-            }
-        };
         let now = self.clock.now();
-        let decision = self.spender.decide_at(take, now).await.map_err(DecideError::Undecided)?;
-        let which = [Which::First, Which::Second];
         let mut headers = Vec::new();
+        let decision = loop {
+            let take = match limited.as_slice() {
+                // An override of 0 refuses the request whatever else it carries: nothing is spent.
+                _ if refused_all => {
+                    return Ok(Answer { overall: Code::OverLimit, statuses, headers: Vec::new() });
+                }
+                [] => return Ok(Answer { overall: Code::Ok, statuses, headers: Vec::new() }),
+                [(_, only, _)] => Take::Single(*only),
+                [(_, first, _), (_, second, _)] => Take::Pair(*first, *second),
+                // Every governed descriptor, in one take: all or nothing, in one statement.
+                more => Take::many(more.iter().map(|(_, spend, _)| *spend).collect::<Vec<_>>()),
+            };
+            let decision = self.spender.decide_at(take, now).await.map_err(DecideError::Undecided)?;
+            let Decision::Refused(refusal) = &decision else { break decision };
+            let slot = refusal.which.index();
+            let position = limited[slot].0;
+            let another_quota = limited.iter().any(|(other, ..)| *other != position && quota_mode(*other));
+            if !(quota_mode(position) && another_quota) {
+                break decision;
+            }
+            let (_, spend, label) = limited.remove(slot);
+            let status = &mut statuses[position];
+            status.code = Code::OverLimit;
+            let fill = refusal.judged.unwrap_or(Fill { tokens: 0.0, refilled_at: now });
+            let (remaining, until_reset) = reading(spend.limit, fill, now);
+            status.limit_remaining = Some(remaining);
+            status.until_reset = Some(until_reset);
+            self.observer.ruled(service, &label, Verdict::OverLimit);
+        };
         let mut binding: Option<(u32, usize)> = None;
         for (slot, (position, spend, rule_id)) in limited.iter().enumerate() {
             let status = &mut statuses[*position];
-            let at = which[slot];
+            let at = Which::at(slot);
             match &decision {
                 Decision::Granted(grant) => {
                     if let Some(fill) = grant.remaining(at) {
@@ -517,7 +531,7 @@ impl DecideService {
                 (_, Code::OverLimit, _) => Verdict::OverLimit,
                 // A SHADOW rule's refusal is admitted without a reading of its bucket.
                 (Decision::Granted(grant), Code::Ok, _)
-                    if spend.enforcement.is_shadow() && grant.remaining(which[slot]).is_none() =>
+                    if spend.enforcement.is_shadow() && grant.remaining(Which::at(slot)).is_none() =>
                 {
                     Verdict::ShadowOverLimit
                 }
@@ -533,30 +547,16 @@ impl DecideService {
         }
         if let (Decision::Granted(grant), Some((_, slot))) = (&decision, binding) {
             let (_, spend, rule_id) = &limited[slot];
-            push_fields(&mut headers, rule_id, spend.limit, grant.remaining(which[slot]), now);
+            push_fields(&mut headers, rule_id, spend.limit, grant.remaining(Which::at(slot)), now);
         }
-        let overall = if statuses.iter().any(|status| status.code == Code::OverLimit) {
-            Code::OverLimit
-        } else {
-            Code::Ok
-        };
+        // Over when a descriptor outside quota mode is, or every quota-mode one is.
+        let over = |position: &usize| statuses[*position].code == Code::OverLimit;
+        let others_over =
+            (0..statuses.len()).filter(|position| !quota_positions.contains(position)).any(|p| over(&p));
+        let quotas_over = !quota_positions.is_empty() && quota_positions.iter().all(over);
+        let overall = if others_over || quotas_over { Code::OverLimit } else { Code::Ok };
         self.after_the_take(service, Answer { overall, statuses, headers }, &held).await
     }
-}
-
-/// The answer to a request with more governed descriptors than one statement decides: each
-/// enforced one over the limit and nothing spent (a SHADOW rule's admits), so that no caller
-/// gets past a limit by adding descriptors.
-fn too_many_limited(mut statuses: Vec<Status>, limited: &[(usize, Spend, String)]) -> Answer {
-    for (position, spend, _) in limited {
-        let status = &mut statuses[*position];
-        if spend.enforcement.mode == ratebudget::Mode::Enforce {
-            status.code = Code::OverLimit;
-        }
-    }
-    let overall =
-        if statuses.iter().any(|status| status.code == Code::OverLimit) { Code::OverLimit } else { Code::Ok };
-    Answer { overall, statuses, headers: Vec::new() }
 }
 
 /// An override's bucket: SHA-256 over the service, every entry in order and the override,

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use chrono::{DateTime, Utc};
 use tokio::sync::oneshot;
 
-use super::{sides, statements, Coalescing, Statement};
+use super::{statements, Coalescing, Statement};
 use crate::connections::TakeConnections;
 use crate::error::Failure;
 use crate::{Decision, Key, Name};
@@ -46,13 +46,10 @@ impl State {
             if queued.answer.is_closed() {
                 continue;
             }
-            let buckets = buckets(queued.statement);
-            if buckets
-                .iter()
-                .flatten()
-                .any(|bucket| self.in_flight.contains(bucket) || blocked.contains(bucket))
+            if buckets(&queued.statement)
+                .any(|bucket| self.in_flight.contains(&bucket) || blocked.contains(&bucket))
             {
-                blocked.extend(buckets.into_iter().flatten());
+                blocked.extend(buckets(&queued.statement));
                 held_back.push(queued);
             } else {
                 batch.push(queued);
@@ -66,8 +63,8 @@ impl State {
 }
 
 /// The buckets a take debits.
-fn buckets(statement: Statement) -> [Option<(Name, Key)>; 2] {
-    sides(statement).map(|side| side.map(|spend| (spend.name, spend.key)))
+fn buckets(statement: &Statement) -> impl Iterator<Item = (Name, Key)> + '_ {
+    statement.sides().iter().map(|(_, spend)| (spend.name, spend.key))
 }
 
 /// The queue and its drivers.
@@ -104,6 +101,7 @@ impl Coalescer {
         let (answer, answered) = oneshot::channel();
         let start_driver = {
             let mut state = self.lock();
+            let on_the_wire = buckets(&statement).any(|bucket| state.in_flight.contains(&bucket));
             state.queue.push_back(Queued { statement, now, answer });
             // With nothing on the wire the take goes at once. Otherwise it waits for a call to
             // return, unless a quarter of a call's worth is waiting: a second call beside the
@@ -115,7 +113,7 @@ impl Coalescer {
             let start = state.drivers == 0
                 || (state.drivers < self.coalescing.max_in_flight
                     && state.queue.len() >= self.coalescing.second_call_after()
-                    && !buckets(statement).iter().flatten().any(|bucket| state.in_flight.contains(bucket)));
+                    && !on_the_wire);
             if start {
                 state.drivers += 1;
             }
@@ -147,13 +145,12 @@ impl Coalescer {
                     state.drivers -= 1;
                     return;
                 }
-                on_the_wire.buckets =
-                    batch.iter().flat_map(|queued| buckets(queued.statement)).flatten().collect();
+                on_the_wire.buckets = batch.iter().flat_map(|queued| buckets(&queued.statement)).collect();
                 state.in_flight.extend(on_the_wire.buckets.iter().copied());
                 batch
             };
             let statements: Vec<(Statement, DateTime<Utc>)> =
-                batch.iter().map(|queued| (queued.statement, queued.now)).collect();
+                batch.iter().map(|queued| (queued.statement.clone(), queued.now)).collect();
             match statements::run(&self.takes, &statements).await {
                 Ok(decisions) => {
                     for (queued, decision) in batch.into_iter().zip(decisions) {
@@ -230,11 +227,23 @@ mod tests {
     }
 
     fn single(key: u128) -> Statement {
-        Statement::Single { spend: spend(Scope::IngestNode, key), which: Which::First }
+        Statement::Single((Which::First, spend(Scope::IngestNode, key)))
     }
 
     fn pair(node: u128, domain: u128) -> Statement {
-        Statement::Pair { first: spend(Scope::IngestNode, node), second: spend(Scope::IngestDomain, domain) }
+        Statement::of(&[
+            (Which::First, spend(Scope::IngestNode, node)),
+            (Which::Second, spend(Scope::IngestDomain, domain)),
+        ])
+    }
+
+    fn many(keys: &[u128]) -> Statement {
+        let sides: Vec<_> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, key)| (Which::at(i), spend(Scope::IngestDomain, *key)))
+            .collect();
+        Statement::of(&sides)
     }
 
     /// A state whose queue holds `statements` in order (each with a caller still waiting, its
@@ -249,15 +258,15 @@ mod tests {
             .map(|statement| {
                 let (answer, answered) = oneshot::channel();
                 receivers.push(answered);
-                Queued { statement: *statement, now: Utc::now(), answer }
+                Queued { statement: statement.clone(), now: Utc::now(), answer }
             })
             .collect();
-        let in_flight = in_flight.iter().flat_map(|statement| buckets(*statement)).flatten().collect();
+        let in_flight = in_flight.iter().flat_map(buckets).collect();
         (State { queue, drivers: 1, in_flight }, receivers)
     }
 
-    fn keys(queued: &[Queued]) -> Vec<[Option<(Name, Key)>; 2]> {
-        queued.iter().map(|queued| buckets(queued.statement)).collect()
+    fn keys(queued: &[Queued]) -> Vec<Vec<(Name, Key)>> {
+        queued.iter().map(|queued| buckets(&queued.statement).collect()).collect()
     }
 
     #[test]
@@ -296,7 +305,18 @@ mod tests {
         assert_eq!(state.queue.len(), 2);
     }
 
-    fn keys_of(statements: &[Statement]) -> Vec<[Option<(Name, Key)>; 2]> {
-        statements.iter().map(|statement| buckets(*statement)).collect()
+    #[test]
+    fn a_take_of_many_buckets_waits_for_any_of_them_and_holds_back_later_takes_of_each() {
+        // Domain 3 is on the wire: the take of 1, 2, 3 and 4 waits, and so does the later take
+        // of 4 and 5 (and would any later take of 5); 6 and 7 go.
+        let queue = [many(&[1, 2, 3, 4]), many(&[4, 5]), many(&[6, 7]), single(9)];
+        let (mut state, _callers) = state(&queue, &[many(&[3])]);
+        let batch = state.next_batch(64);
+        assert_eq!(keys(&batch), keys_of(&[many(&[6, 7]), single(9)]));
+        assert_eq!(keys(state.queue.make_contiguous()), keys_of(&[many(&[1, 2, 3, 4]), many(&[4, 5])]));
+    }
+
+    fn keys_of(statements: &[Statement]) -> Vec<Vec<(Name, Key)>> {
+        statements.iter().map(|statement| buckets(statement).collect()).collect()
     }
 }

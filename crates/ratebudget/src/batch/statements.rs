@@ -1,5 +1,5 @@
-//! The statements a call sends (take.sql, the pair function, the batch functions), and how
-//! the rows they return read as decisions.
+//! The statements a call sends (take.sql, the function for takes of several buckets, the
+//! batch functions of one shape), and how the rows they return read as decisions.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -7,14 +7,13 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
-use super::{sides, Statement};
+use super::Statement;
 use crate::connections::TakeConnections;
 use crate::error::Failure;
 use crate::{Decision, Fill, Grant, Key, Name, Refusal, Spend, Which};
 
 const TAKE: &str = include_str!("../../queries/take.sql");
-const DECIDE_PAIR: &str = include_str!("../../queries/decide_pair.sql");
-const DECIDE_BATCH: &str = include_str!("../../queries/decide_batch.sql");
+const DECIDE_TAKES: &str = include_str!("../../queries/decide_takes.sql");
 const DECIDE_BATCH_OF_ONE_BUCKET: &str = include_str!("../../queries/decide_batch_of_one_bucket.sql");
 const DECIDE_BATCH_OF_DISTINCT_BUCKETS: &str =
     include_str!("../../queries/decide_batch_of_distinct_buckets.sql");
@@ -61,21 +60,21 @@ pub(crate) async fn run(
     let mut lease = takes.lease().await?;
     let decisions = match statements {
         [] => Vec::new(),
-        [(statement, now)] => vec![run_one(lease.connection(), *statement, *now).await?],
+        [(statement, now)] => vec![run_one(lease.connection(), statement.clone(), *now).await?],
         _ => run_many(lease.connection(), statements).await?,
     };
     lease.finish().await?;
     Ok(decisions)
 }
 
-/// One take, as take.sql or the pair function.
+/// One take, as take.sql or the function for takes of several buckets.
 async fn run_one(
     connection: &mut PgConnection,
     statement: Statement,
     now: DateTime<Utc>,
 ) -> Result<Decision, Failure> {
     match statement {
-        Statement::Single { spend, which } => {
+        Statement::Single((which, spend)) => {
             let row: Option<(bool, f64, DateTime<Utc>)> = sqlx::query_as(TAKE)
                 .bind(spend.name.as_str())
                 .bind(spend.key.as_uuid())
@@ -93,203 +92,195 @@ async fn run_one(
                 None => refused(spend, which, None, now),
             })
         }
-        Statement::Pair { first, second } => {
-            let row: Row = sqlx::query_as(DECIDE_PAIR)
-                .bind(first.name.as_str())
-                .bind(first.key.as_uuid())
-                .bind(first.cost)
-                .bind(first.limit.per_second())
-                .bind(first.limit.burst())
-                .bind(second.name.as_str())
-                .bind(second.key.as_uuid())
-                .bind(second.cost)
-                .bind(second.limit.per_second())
-                .bind(second.limit.burst())
-                .bind(now)
-                .fetch_one(connection)
-                .await?;
-            row.decision(Some(first), Some(second), now)
+        Statement::Many(_) => {
+            let statements = [(statement, now)];
+            let mut decisions = run_takes(connection, &statements).await?;
+            decisions.pop().ok_or_else(|| Failure::Malformed("the takes function answered no take".into()))
         }
     }
 }
 
 /// Many takes, in order, in one call: of the function made for the call's shape when it has
-/// one (migrations/0014), else of `plexsphere.decide_rate_budget_batch`.
+/// one (migrations/0014), else of `plexsphere.decide_rate_budget_takes`.
 async fn run_many(
     connection: &mut PgConnection,
     statements: &[(Statement, DateTime<Utc>)],
 ) -> Result<Vec<Decision>, Failure> {
-    // The distinct buckets. The functions lock them in PostgreSQL's (scope, bucket_key) order,
-    // the pair's; this map only numbers them (Scope's own order is not the text order).
-    let mut buckets: BTreeMap<(Name, Key), i32> = BTreeMap::new();
-    for (statement, _) in statements {
-        for spend in sides(*statement).into_iter().flatten() {
-            buckets.insert((spend.name, spend.key), 0);
-        }
-    }
     let n = statements.len();
-    let singles: Option<Vec<Spend>> = statements
+    let singles: Option<Vec<(Which, Spend)>> = statements
         .iter()
         .map(|(statement, _)| match statement {
-            Statement::Single { spend, .. } => Some(*spend),
-            Statement::Pair { .. } => None,
+            Statement::Single(side) => Some(*side),
+            Statement::Many(_) => None,
         })
         .collect();
-    let nows: Vec<DateTime<Utc>> = statements.iter().map(|(_, now)| *now).collect();
-    let rows = match singles {
-        // One bucket, or distinct keys (not only distinct (scope, key): that function finds a
-        // take by its key). Both functions take the same parameters after the buckets.
-        Some(spends)
-            if buckets.len() == 1
-                || spends.iter().map(|spend| spend.key).collect::<HashSet<_>>().len() == n =>
-        {
-            let query = if buckets.len() == 1 {
-                sqlx::query_as::<_, BatchRow>(DECIDE_BATCH_OF_ONE_BUCKET)
-                    .bind(spends[0].name.as_str())
-                    .bind(spends[0].key.as_uuid())
-            } else {
-                sqlx::query_as::<_, BatchRow>(DECIDE_BATCH_OF_DISTINCT_BUCKETS)
-                    .bind(spends.iter().map(|spend| spend.name.as_str()).collect::<Vec<_>>())
-                    .bind(spends.iter().map(|spend| spend.key.as_uuid()).collect::<Vec<_>>())
-            };
-            query
-                .bind(spends.iter().map(|spend| spend.cost).collect::<Vec<_>>())
-                .bind(spends.iter().map(|spend| spend.limit.per_second()).collect::<Vec<_>>())
-                .bind(spends.iter().map(|spend| spend.limit.burst()).collect::<Vec<_>>())
-                .bind(&nows)
-                .fetch_all(&mut *connection)
-                .await?
-        }
-        _ => run_general(connection, statements, &mut buckets, &nows).await?,
+    let Some(singles) = singles else {
+        return run_takes(connection, statements).await;
     };
-    let rows: Vec<(i32, Row)> = rows.into_iter().map(|row| (row.take, row.row)).collect();
-    if rows.len() != n || rows.iter().enumerate().any(|(i, (take, _))| *take != i as i32 + 1) {
+    let buckets: HashSet<(Name, Key)> = singles.iter().map(|(_, spend)| (spend.name, spend.key)).collect();
+    // One bucket, or distinct keys (not only distinct (scope, key): that function finds a
+    // take by its key). Both functions take the same parameters after the buckets.
+    let distinct_keys = singles.iter().map(|(_, spend)| spend.key).collect::<HashSet<_>>().len() == n;
+    if buckets.len() != 1 && !distinct_keys {
+        return run_takes(connection, statements).await;
+    }
+    let spends: Vec<Spend> = singles.iter().map(|(_, spend)| *spend).collect();
+    let nows: Vec<DateTime<Utc>> = statements.iter().map(|(_, now)| *now).collect();
+    let query = if buckets.len() == 1 {
+        sqlx::query_as::<_, BatchRow>(DECIDE_BATCH_OF_ONE_BUCKET)
+            .bind(spends[0].name.as_str())
+            .bind(spends[0].key.as_uuid())
+    } else {
+        sqlx::query_as::<_, BatchRow>(DECIDE_BATCH_OF_DISTINCT_BUCKETS)
+            .bind(spends.iter().map(|spend| spend.name.as_str()).collect::<Vec<_>>())
+            .bind(spends.iter().map(|spend| spend.key.as_uuid()).collect::<Vec<_>>())
+    };
+    let rows = query
+        .bind(spends.iter().map(|spend| spend.cost).collect::<Vec<_>>())
+        .bind(spends.iter().map(|spend| spend.limit.per_second()).collect::<Vec<_>>())
+        .bind(spends.iter().map(|spend| spend.limit.burst()).collect::<Vec<_>>())
+        .bind(&nows)
+        .fetch_all(&mut *connection)
+        .await?;
+    if rows.len() != n || rows.iter().enumerate().any(|(i, row)| row.take != i as i32 + 1) {
         return Err(Failure::Malformed(format!(
             "a coalesced take function answered {} rows for {n} takes, out of order",
             rows.len()
         )));
     }
     rows.into_iter()
-        .zip(statements)
-        .map(|((_, row), (statement, now))| match *statement {
-            Statement::Single { spend, which } => {
-                // A single take is sent as its first side; its answers name `which`.
-                let row = row.moved_to(which);
-                let (first, second) =
-                    if which == Which::First { (Some(spend), None) } else { (None, Some(spend)) };
-                row.decision(first, second, *now)
+        .zip(singles)
+        .zip(&nows)
+        .map(|((row, (which, spend)), now)| {
+            let fill = |tokens: Option<f64>, refilled_at: Option<DateTime<Utc>>| {
+                Some(Fill { tokens: tokens?, refilled_at: refilled_at? })
+            };
+            let judged = fill(row.first_tokens, row.first_refilled_at);
+            match (row.refused, judged) {
+                (0, fill) => Ok(Decision::Granted(Grant::of(fill.map(|fill| (which, fill))))),
+                (1, judged) => Ok(refused(spend, which, judged, *now)),
+                (refused, judged) => Err(Failure::Malformed(format!(
+                    "a coalesced take function answered refused = {refused} with {judged:?} for a single take"
+                ))),
             }
-            Statement::Pair { first, second } => row.decision(Some(first), Some(second), *now),
         })
         .collect()
 }
 
-/// Any call, pairs and repeated buckets included, as `plexsphere.decide_rate_budget_batch`.
-async fn run_general(
+/// Any call (takes of several buckets, repeated buckets), or one take of several buckets, as
+/// `plexsphere.decide_rate_budget_takes`: the distinct buckets of the call, each take's sides
+/// (bucket, cost, rate, burst) in order, flattened, and each take's instant.
+async fn run_takes(
     connection: &mut PgConnection,
     statements: &[(Statement, DateTime<Utc>)],
-    buckets: &mut BTreeMap<(Name, Key), i32>,
-    nows: &[DateTime<Utc>],
-) -> Result<Vec<BatchRow>, sqlx::Error> {
+) -> Result<Vec<Decision>, Failure> {
+    // The distinct buckets. The function locks them in PostgreSQL's (scope, bucket_key) order,
+    // the order of every take function; this map only numbers them (Scope's own order is not
+    // the text order).
+    let mut buckets: BTreeMap<(Name, Key), i32> = BTreeMap::new();
+    for (statement, _) in statements {
+        for (_, spend) in statement.sides() {
+            buckets.insert((spend.name, spend.key), 0);
+        }
+    }
     for (position, index) in buckets.values_mut().enumerate() {
         *index = position as i32 + 1;
     }
     let scopes: Vec<&str> = buckets.keys().map(|(scope, _)| scope.as_str()).collect();
     let keys: Vec<uuid::Uuid> = buckets.keys().map(|(_, key)| key.as_uuid()).collect();
-    let index = |spend: &Spend| buckets[&(spend.name, spend.key)];
-
-    let n = statements.len();
-    let (mut first_bucket, mut first_cost, mut first_rate, mut first_burst) =
-        (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
-    let (mut second_bucket, mut second_cost, mut second_rate, mut second_burst) =
-        (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
-    for (statement, _) in statements {
-        let [first, second] = sides(*statement);
-        let first = first.expect("every statement has a first side");
-        first_bucket.push(index(&first));
-        first_cost.push(first.cost);
-        first_rate.push(first.limit.per_second());
-        first_burst.push(first.limit.burst());
-        second_bucket.push(second.as_ref().map(index));
-        second_cost.push(second.map(|spend| spend.cost));
-        second_rate.push(second.map(|spend| spend.limit.per_second()));
-        second_burst.push(second.map(|spend| spend.limit.burst()));
+    let sides = statements.iter().map(|(statement, _)| statement.sides().len()).sum();
+    let (mut side_take, mut side_bucket) = (Vec::with_capacity(sides), Vec::with_capacity(sides));
+    let (mut side_cost, mut side_rate, mut side_burst) =
+        (Vec::with_capacity(sides), Vec::with_capacity(sides), Vec::with_capacity(sides));
+    for (take, (statement, _)) in statements.iter().enumerate() {
+        for (_, spend) in statement.sides() {
+            side_take.push(take as i32 + 1);
+            side_bucket.push(buckets[&(spend.name, spend.key)]);
+            side_cost.push(spend.cost);
+            side_rate.push(spend.limit.per_second());
+            side_burst.push(spend.limit.burst());
+        }
     }
-    sqlx::query_as::<_, BatchRow>(DECIDE_BATCH)
+    let nows: Vec<DateTime<Utc>> = statements.iter().map(|(_, now)| *now).collect();
+    let rows: Vec<SideRow> = sqlx::query_as(DECIDE_TAKES)
         .bind(&scopes)
         .bind(&keys)
-        .bind(&first_bucket)
-        .bind(&first_cost)
-        .bind(&first_rate)
-        .bind(&first_burst)
-        .bind(&second_bucket)
-        .bind(&second_cost)
-        .bind(&second_rate)
-        .bind(&second_burst)
-        .bind(nows)
+        .bind(&side_take)
+        .bind(&side_bucket)
+        .bind(&side_cost)
+        .bind(&side_rate)
+        .bind(&side_burst)
+        .bind(&nows)
         .fetch_all(connection)
-        .await
+        .await?;
+    if rows.len() != sides || rows.iter().zip(&side_take).any(|(row, take)| row.take != *take) {
+        return Err(Failure::Malformed(format!(
+            "the takes function answered {} rows for {sides} sides, out of order",
+            rows.len()
+        )));
+    }
+    let mut rows = rows.into_iter();
+    statements
+        .iter()
+        .map(|(statement, now)| {
+            let sides = statement.sides();
+            let rows: Vec<SideRow> = rows.by_ref().take(sides.len()).collect();
+            decision(sides, &rows, *now)
+        })
+        .collect()
 }
 
-/// What the pair and batch functions answer for one take.
+/// What `plexsphere.decide_rate_budget_takes` answers for one side of a take: the take's
+/// number, its answer (0 granted, `k` its `k`-th side refused, the same on each of its sides),
+/// and the side's row as debited, or (on the refused side) as judged.
 #[derive(sqlx::FromRow, Debug)]
-struct Row {
-    refused: i16,
-    first_tokens: Option<f64>,
-    first_refilled_at: Option<DateTime<Utc>>,
-    second_tokens: Option<f64>,
-    second_refilled_at: Option<DateTime<Utc>>,
+struct SideRow {
+    take: i32,
+    refused: i32,
+    row_tokens: Option<f64>,
+    row_refilled_at: Option<DateTime<Utc>>,
 }
 
+impl SideRow {
+    fn fill(&self) -> Option<Fill> {
+        Some(Fill { tokens: self.row_tokens?, refilled_at: self.row_refilled_at? })
+    }
+}
+
+/// The decision the rows of one take's `sides` state.
+fn decision(sides: &[(Which, Spend)], rows: &[SideRow], now: DateTime<Utc>) -> Result<Decision, Failure> {
+    let malformed = |what: String| Failure::Malformed(format!("the takes function answered {what}"));
+    let refused_side = rows.first().map_or(-1, |row| row.refused);
+    if rows.iter().any(|row| row.refused != refused_side) {
+        return Err(malformed("two answers for one take".into()));
+    }
+    match usize::try_from(refused_side) {
+        Ok(0) => {
+            let fills = sides.iter().zip(rows).map(|((which, _), row)| Some((*which, row.fill()?)));
+            let fills: Option<Vec<(Which, Fill)>> = fills.collect();
+            let fills = fills.ok_or_else(|| malformed("a grant without the row it left".into()))?;
+            Ok(Decision::Granted(Grant::of(fills)))
+        }
+        Ok(side) if side <= sides.len() => {
+            let (which, spend) = sides[side - 1];
+            Ok(refused(spend, which, rows[side - 1].fill(), now))
+        }
+        _ => Err(malformed(format!("refused = {refused_side} for a take of {} buckets", sides.len()))),
+    }
+}
+
+/// What the batch functions of one bucket and of distinct buckets answer for one take.
 #[derive(sqlx::FromRow, Debug)]
 struct BatchRow {
     take: i32,
-    #[sqlx(flatten)]
-    row: Row,
-}
-
-impl Row {
-    /// A single take sent as a first side, whose answers must name `which`.
-    fn moved_to(self, which: Which) -> Row {
-        match which {
-            Which::First => self,
-            Which::Second => Row {
-                refused: if self.refused == 1 { 2 } else { self.refused },
-                first_tokens: None,
-                first_refilled_at: None,
-                second_tokens: self.first_tokens,
-                second_refilled_at: self.first_refilled_at,
-            },
-        }
-    }
-
-    /// The decision this row states for a take whose sides are `first` and `second`.
-    fn decision(
-        self,
-        first: Option<Spend>,
-        second: Option<Spend>,
-        now: DateTime<Utc>,
-    ) -> Result<Decision, Failure> {
-        let fill = |tokens: Option<f64>, refilled_at: Option<DateTime<Utc>>| {
-            Some(Fill { tokens: tokens?, refilled_at: refilled_at? })
-        };
-        let first_fill = fill(self.first_tokens, self.first_refilled_at);
-        let second_fill = fill(self.second_tokens, self.second_refilled_at);
-        match (self.refused, first, second) {
-            (0, _, _) => Ok(Decision::Granted(Grant { first: first_fill, second: second_fill, named: None })),
-            (1, Some(first), _) => Ok(refused(first, Which::First, first_fill, now)),
-            (2, _, Some(second)) => Ok(refused(second, Which::Second, second_fill, now)),
-            (other, _, _) => Err(Failure::Malformed(format!(
-                "a take function answered refused = {other}; this build knows 0, 1 and 2"
-            ))),
-        }
-    }
+    refused: i16,
+    first_tokens: Option<f64>,
+    first_refilled_at: Option<DateTime<Utc>>,
 }
 
 /// A grant naming `which`, with what it left.
 fn granted(which: Which, fill: Fill) -> Decision {
-    let (first, second) = if which == Which::First { (Some(fill), None) } else { (None, Some(fill)) };
-    Decision::Granted(Grant { first, second, named: None })
+    Decision::Granted(Grant::of([(which, fill)]))
 }
 
 /// The refusal of `spend` by a bucket judged as `judged` (unknown when a concurrent take won

@@ -39,12 +39,12 @@ impl Guard {
     /// it may be the one that finds the store answering again.
     pub(super) async fn ask_store(
         &self,
-        take: Take,
+        take: &Take,
         now: DateTime<Utc>,
         may_skip: bool,
         deadline: tokio::time::Instant,
     ) -> Option<Result<Decision, Undecided>> {
-        self.ask_store_with(may_skip, deadline, self.inner.decide(take, now)).await
+        self.ask_store_with(may_skip, deadline, self.inner.decide(take.clone(), now)).await
     }
 
     /// [`Guard::ask_store`] for any call of the store: a take, or a lease.

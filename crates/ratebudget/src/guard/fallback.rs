@@ -178,17 +178,9 @@ impl Guarded {
                 let retry_after = spend.limit.time_to_cover(fill, spend.cost, now);
                 Decision::Refused(Refusal { which, retry_after, judged: None, tat: None })
             }
-            (Guarded::Buckets(_), FallbackDecision::Granted(left)) => {
-                let mut grant = Grant::FREE;
-                for (which, tokens) in left {
-                    let fill = Some(Fill { tokens, refilled_at: now });
-                    match which {
-                        Which::First => grant.first = fill,
-                        Which::Second => grant.second = fill,
-                    }
-                }
-                Decision::Granted(grant)
-            }
+            (Guarded::Buckets(_), FallbackDecision::Granted(left)) => Decision::Granted(Grant::of(
+                left.into_iter().map(|(which, tokens)| (which, Fill { tokens, refilled_at: now })),
+            )),
             (Guarded::Named { spend, .. }, FallbackDecision::Refused { level, .. }) => {
                 let (rate, cost) = (spend.limit.per_second(), f64::from(spend.cells));
                 let now_us = named::micros(now);
@@ -196,11 +188,9 @@ impl Guarded {
                 let retry_after = named::until(now_us, now_us + wait);
                 Decision::Refused(Refusal { which: Which::First, retry_after, judged: None, tat: None })
             }
-            (Guarded::Named { .. }, FallbackDecision::Granted(left)) => Decision::Granted(Grant {
-                first: None,
-                second: None,
-                named: Some((now, left[0].1.floor() as u32)),
-            }),
+            (Guarded::Named { .. }, FallbackDecision::Granted(left)) => {
+                Decision::Granted(Grant { named: Some((now, left[0].1.floor() as u32)), ..Grant::FREE })
+            }
         }
     }
 }

@@ -18,7 +18,10 @@
 //!    asked: [`FailMode::Closed`] (the take is [`Undecided`], an HTTP 500),
 //!    [`FailMode::Static`] (an in-memory bucket of the same limit decides, per replica) or
 //!    [`FailMode::Open`] (admitted, nothing debited); the latter two log a warning at most
-//!    once a minute per scope. A pair fails by the stricter of its two modes.
+//!    once a minute per scope. A take of several buckets (a pair, or [`Take::Many`]) fails by
+//!    the strictest of their modes: one `CLOSED` spend makes it undecided while the store
+//!    cannot answer, and a `STATIC` one has the fallback decide every bucket of it, all or
+//!    nothing.
 //!
 //! # Which takes the pre-check refuses that the store would admit
 //!
@@ -183,7 +186,8 @@ impl GuardBuilder {
     /// one token bucket takes many of its tokens in one statement and grants them from memory,
     /// never more than the budget; what it did not grant goes back with its next lease, or
     /// when [`Guard::return_leases`] runs after the period. Off unless told. Only single
-    /// takes of a token bucket are leased; pairs and named limiters take directly.
+    /// takes of a token bucket are leased; pairs, takes of many buckets and named limiters
+    /// take directly (all or nothing across buckets is the store's to decide).
     pub fn leases(mut self, period: Duration) -> GuardBuilder {
         self.config.lease_period = Some(period).filter(|period| !period.is_zero());
         self
@@ -382,7 +386,7 @@ impl Guard {
 
     /// Decides `take` at `now`: the pre-check, then the store behind the circuit, then the
     /// fail mode; the same path for token buckets and GCRA limiters.
-    async fn decide_guarded(&self, take: Take, now: DateTime<Utc>) -> Result<(Decision, Source), Undecided> {
+    async fn decide_guarded(&self, take: &Take, now: DateTime<Utc>) -> Result<(Decision, Source), Undecided> {
         // One decision timeout for the whole take: waiting for a lease another take asks for,
         // and then asking the store, come out of the same one, so its fail mode decides
         // within the timeout the caller was promised (a second timeout after the wait ran
@@ -395,7 +399,7 @@ impl Guard {
         let Some(guarded) = Guarded::of(self, take).map_err(Undecided::Store)? else {
             // Free, never fits, an unusable limit, or a bucket named twice with two limits:
             // the store answers without a query.
-            return Ok((self.inner.decide(take, now).await?, Source::Store));
+            return Ok((self.inner.decide(take.clone(), now).await?, Source::Store));
         };
         // A lease's tokens first: they are this replica's, whatever the row the pre-check
         // last learned says of the shared bucket.
@@ -450,7 +454,9 @@ impl Guard {
                 self.warn_fallback(&guarded.names(), fail_mode, &undecided);
                 match self.fallback.spend(&guarded.fallback_spends(), now) {
                     Err(FallbackFull) => Err(self.fallback_full(undecided)),
-                    Ok(decided) => Ok((guarded.fallback_decision(decided, now), Source::Fallback)),
+                    Ok(decided) => {
+                        Ok((for_take(guarded.fallback_decision(decided, now), take), Source::Fallback))
+                    }
                 }
             }
         }
@@ -492,7 +498,7 @@ impl Guard {
                     lock(&self.leasing).insert((spend.name, spend.key), entry.clone());
                 }
                 let decision = if leased.leased >= spend.cost {
-                    Decision::Granted(Grant { first: Some(leased.row), second: None, named: None })
+                    Decision::Granted(Grant::of([(*which, leased.row)]))
                 } else {
                     Decision::Refused(Refusal {
                         which: *which,
@@ -528,9 +534,9 @@ impl Guard {
         first: bool,
     ) -> Option<(Decision, Source)> {
         let period = self.config.lease_period?;
-        let (_, spend, entry) = leasable(guarded)?;
+        let (which, spend, entry) = leasable(guarded)?;
         let row = lock(entry).lease.grant(spend, now, Instant::now(), period, first)?;
-        Some((Decision::Granted(Grant { first: Some(row), second: None, named: None }), Source::Lease))
+        Some((Decision::Granted(Grant::of([(*which, row)])), Source::Lease))
     }
 
     /// Gives back what expired leases did not grant, one statement per bucket: run it every
@@ -626,8 +632,8 @@ impl Guard {
 impl Decider for Guard {
     async fn decide(&self, take: Take, now: DateTime<Utc>) -> Result<Decision, Undecided> {
         let mut pending =
-            Pending { observer: &*self.observer, take, started: Instant::now(), answered: false };
-        let outcome = self.decide_guarded(take, now).await;
+            Pending { observer: &*self.observer, take: &take, started: Instant::now(), answered: false };
+        let outcome = self.decide_guarded(&take, now).await;
         pending.answered = true;
         let elapsed = pending.started.elapsed();
         match &outcome {
@@ -654,11 +660,22 @@ impl Decider for Guard {
     }
 }
 
-/// The one bucket a take spends, when it is one a lease may serve: a single token bucket.
+/// The one bucket a take spends, when it is one a lease may serve: a single token bucket
+/// (a pair or a take of many buckets is all or nothing across its buckets, which no lease of
+/// one of them can decide; it takes directly, as `GuardBuilder::leases` says).
 fn leasable(guarded: &Guarded) -> Option<&(crate::Which, crate::Spend, Arc<Mutex<Known>>)> {
     match guarded {
         Guarded::Buckets(entries) if entries.len() == 1 => entries.first(),
         _ => None,
+    }
+}
+
+/// The fallback's decision of `take`'s sides, for `take` itself: a grant says what each bucket
+/// left at every position that spends from it, as the store's does.
+fn for_take(decision: Decision, take: &Take) -> Decision {
+    match decision {
+        Decision::Granted(grant) => Decision::Granted(grant.spread_over(take)),
+        decision => decision,
     }
 }
 
@@ -688,7 +705,7 @@ impl Drop for AskingForLease<'_> {
 /// Tells the observer about a take whose caller stopped waiting: dropped before it answered.
 struct Pending<'a> {
     observer: &'a dyn Observer,
-    take: Take,
+    take: &'a Take,
     started: Instant,
     answered: bool,
 }
@@ -696,7 +713,7 @@ struct Pending<'a> {
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
         if !self.answered {
-            self.observer.abandoned(&self.take, self.started.elapsed());
+            self.observer.abandoned(self.take, self.started.elapsed());
         }
     }
 }

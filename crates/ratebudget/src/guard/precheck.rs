@@ -8,6 +8,7 @@ use chrono::{DateTime, Utc};
 
 use super::{lock, Guard};
 use crate::named::{self, Gcra};
+use crate::sides::{self, Sides};
 use crate::{Decision, FailMode, Fill, Key, Name, NamedKey, NamedSpend, Refusal, Spend, Take, Which};
 
 /// Which bucket an entry is about: a token bucket of a budget, or a key of a named limiter.
@@ -42,14 +43,14 @@ pub(super) struct Known {
     pub(super) lease: super::leases::Lease,
 }
 
-/// A take's spends with their pre-check entries: at most two, kept inline since this runs for
-/// every take.
+/// A take's spends with their pre-check entries: kept inline up to two, since this runs for
+/// every take (a take of many buckets allocates).
 pub(super) type Entries = smallvec::SmallVec<[(Which, Spend, Arc<Mutex<Known>>); 2]>;
 
 /// A take as the pre-check, the circuit and the fallback see it: the buckets it spends, each
 /// with what the pre-check knows of it.
 pub(super) enum Guarded {
-    /// One or two token buckets, reduced as the store reduces them ([`Sent`]).
+    /// One or more token buckets, reduced as the store reduces them (`sides::of`).
     Buckets(Entries),
     /// One key of a named (GCRA) limiter, taking 1 to its burst cells.
     Named { spend: NamedSpend, gcra: Gcra, entry: Arc<Mutex<Known>> },
@@ -60,8 +61,8 @@ impl Guarded {
     ///
     /// # Errors
     /// A spend that is not valid (the store would refuse it as bad input).
-    pub(super) fn of(guard: &Guard, take: Take) -> Result<Option<Guarded>, crate::Error> {
-        if let Take::Named(spend) = take {
+    pub(super) fn of(guard: &Guard, take: &Take) -> Result<Option<Guarded>, crate::Error> {
+        if let Take::Named(spend) = *take {
             let usable = Gcra::of(spend.limit).filter(|gcra| (1..=gcra.burst).contains(&spend.cells));
             return Ok(usable.map(|gcra| Guarded::Named {
                 spend,
@@ -69,9 +70,11 @@ impl Guarded {
                 entry: guard.entry(BucketId::Named(spend.limiter, spend.key)),
             }));
         }
-        Ok(match Sent::of(take)? {
-            Sent::Answered => None,
-            Sent::Spends(spends) => Some(Guarded::Buckets(
+        // The same reductions the store makes, so that whatever the store is asked goes
+        // through the pre-check, the decision timeout, the circuit and the fail mode.
+        Ok(match sides::of(take)? {
+            Sides::Answered(_) => None,
+            Sides::Send(spends) => Some(Guarded::Buckets(
                 spends
                     .into_iter()
                     .map(|(which, spend)| {
@@ -136,7 +139,7 @@ impl Guarded {
         }
     }
 
-    /// The take's fail mode: a take spending two budgets fails by the stricter of theirs.
+    /// The take's fail mode: a take spending several budgets fails by the strictest of theirs.
     pub(super) fn fail_mode(&self) -> FailMode {
         match self {
             Guarded::Buckets(entries) => entries
@@ -167,43 +170,4 @@ pub(super) fn not_yet_conforming(gcra: Gcra, cells: u32, tat: i64, now: DateTime
         judged: None,
         tat: Some(named::instant(tat)),
     })
-}
-
-/// What a bucket take comes to before the store, as the store reduces it (`Store::decide`):
-/// answered without a query, or the spends sent, each with the position its answers name.
-enum Sent {
-    Answered,
-    Spends(smallvec::SmallVec<[(Which, Spend); 2]>),
-}
-
-impl Sent {
-    /// A zero cost is not sent (a pair with one free side is a single take of its other), a
-    /// cost above its burst is never sent, and a pair naming one bucket twice is one take of
-    /// both costs under the stricter of their enforcements: the same reductions the store
-    /// makes, so that whatever the store is asked goes through the pre-check, the decision
-    /// timeout, the circuit and the fail mode.
-    fn of(take: Take) -> Result<Sent, crate::Error> {
-        for (_, spend) in take.spends() {
-            spend.validate()?;
-        }
-        if take.spends().any(|(_, spend)| spend.never_fits()) {
-            return Ok(Sent::Answered);
-        }
-        let spends = match take {
-            Take::Pair(first, second) if (first.name, first.key) == (second.name, second.key) => {
-                if first.limit != second.limit {
-                    return Ok(Sent::Answered);
-                }
-                let mut enforcement = first.enforcement;
-                enforcement.fail_mode = first.enforcement.fail_mode.stricter(second.enforcement.fail_mode);
-                let both = Spend { cost: first.cost + second.cost, enforcement, ..first };
-                if both.never_fits() || both.is_free() {
-                    return Ok(Sent::Answered);
-                }
-                smallvec::smallvec![(Which::First, both)]
-            }
-            take => take.spends().filter(|(_, spend)| !spend.is_free()).collect(),
-        };
-        Ok(if spends.is_empty() { Sent::Answered } else { Sent::Spends(spends) })
-    }
 }

@@ -60,8 +60,8 @@ mod service {
     #[async_trait::async_trait]
     impl Decider for Refusing {
         async fn decide(&self, take: Take, _: DateTime<Utc>) -> Result<Decision, Undecided> {
+            let which = if take.len() >= 2 { Which::Second } else { Which::First };
             self.0.lock().unwrap().push(take);
-            let which = if matches!(take, Take::Pair(..)) { Which::Second } else { Which::First };
             Ok(Decision::Refused(Refusal {
                 which,
                 retry_after: Duration::from_secs(1),
@@ -189,20 +189,43 @@ mod service {
     }
 
     #[tokio::test]
-    async fn more_governed_descriptors_than_one_statement_takes_are_over_the_limit_with_nothing_asked() {
+    async fn every_governed_descriptor_is_one_take_in_the_requests_order_and_answered_at_its_own_position() {
+        // Issue 34, item 3: more than two governed descriptors were over the limit with
+        // nothing asked; now they are one take of as many buckets, all or nothing.
         let decided = decided();
         let answer = decided
             .service
             .decide(
                 &Services::AllButOwn,
-                &request(&[&[("tenant", "a")], &[("user", "b")], &[("region", "eu")], &[("colour", "red")]]),
+                &request(&[&[("tenant", "a")], &[("user", "b")], &[("colour", "red")], &[("region", "eu")]]),
             )
             .await
             .unwrap();
+        let takes = decided.store.0.lock().unwrap().clone();
+        let [Take::Many(spends)] = takes.as_slice() else { panic!("one take of many: {takes:?}") };
+        let keys: Vec<Key> = spends.iter().map(|spend| spend.key).collect();
+        assert_eq!(
+            keys,
+            [
+                runtime_key("directory", "per-tenant", None, &[("tenant", "a")]),
+                runtime_key("directory", "per-user", None, &[("user", "b")]),
+                runtime_key("directory", "per-region", None, &[("region", "eu")]),
+            ],
+            "the ungoverned descriptor costs nothing"
+        );
+        // The store refused the take's second bucket: the user's descriptor, and only it.
         assert_eq!(answer.overall, Code::OverLimit);
         let codes: Vec<Code> = answer.statuses.iter().map(|status| status.code).collect();
-        assert_eq!(codes, [Code::OverLimit, Code::OverLimit, Code::OverLimit, Code::Ok]);
-        assert!(decided.store.0.lock().unwrap().is_empty(), "nothing spent");
+        assert_eq!(codes, [Code::Ok, Code::OverLimit, Code::Ok, Code::Ok]);
+        assert_eq!(answer.statuses[3].current_limit.as_ref().unwrap().rule_id, "per-region");
+        assert_eq!(
+            *decided.ruled.lock().unwrap(),
+            [
+                ("per-tenant".to_owned(), Verdict::WithinLimit),
+                ("per-user".to_owned(), Verdict::OverLimit),
+                ("per-region".to_owned(), Verdict::WithinLimit),
+            ]
+        );
     }
 
     #[tokio::test]

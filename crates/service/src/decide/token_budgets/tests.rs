@@ -54,7 +54,7 @@ impl Decider for Ledger {
     /// (`tests/it/decide.rs`): a grant is the store's to build.
     async fn decide(&self, take: Take, now: DateTime<Utc>) -> Result<Decision, Undecided> {
         self.fail()?;
-        self.takes.lock().unwrap().push(take);
+        self.takes.lock().unwrap().push(take.clone());
         for (which, spend) in take.spends() {
             let fill = self.row(&spend, now);
             if spend.limit.level(fill, now) < spend.cost {
