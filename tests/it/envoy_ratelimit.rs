@@ -397,3 +397,82 @@ descriptors:
     let route = grpc::call(grpc_at, request(&[("route", "r")])).await;
     assert_eq!(remaining(&route, 0), 96, "the refused request took nothing from the route: {route}");
 }
+
+/// Item 4 with item 2: a check (a descriptor's own `hits_addend` of 0) of a `quota_mode`
+/// descriptor counts as that descriptor, spending nothing: over, it refuses the request only
+/// when every quota-mode descriptor is, and then before anything is spent.
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
+async fn a_check_of_a_quota_mode_descriptor_refuses_only_with_every_other_quota(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let replica = service(&connect, &[]).await;
+    let grpc_at = replica.grpc.unwrap();
+    let files = Scratch::new();
+    files.write(
+        "quotas.yaml",
+        "
+domain: quotas
+descriptors:
+  - key: user
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: team
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: route
+    rate_limit: {unit: minute, requests_per_unit: 100}
+",
+    );
+    apply(&connect, &[&files.0], false, false).await;
+    let request = |descriptors: &[(&str, u64)]| {
+        let descriptors: Vec<Value> = descriptors
+            .iter()
+            .map(|(key, hits)| json!({ "entries": [[key, key]], "hits_addend": hits }))
+            .collect();
+        json!({ "token": DECIDE_TOKEN, "domain": "quotas", "descriptors": descriptors })
+    };
+    eventually(Duration::from_secs(2), "the replica holds the file", || async {
+        grpc::call(grpc_at, request(&[("team", 0)])).await["response"]["statuses"][0]["current_limit"]
+            ["requests_per_unit"]
+            == 3
+    })
+    .await;
+    let codes = |answer: &Value| -> Vec<String> {
+        let statuses = answer["response"]["statuses"].as_array().unwrap();
+        let mut codes = vec![answer["response"]["overall_code"].as_str().unwrap().to_owned()];
+        codes.extend(statuses.iter().map(|status| status["code"].as_str().unwrap().to_owned()));
+        codes
+    };
+    let remaining =
+        |answer: &Value, index: usize| answer["response"]["statuses"][index]["limit_remaining"].clone();
+    let answers = grpc::calls(
+        grpc_at,
+        json!([
+            // The user's whole quota.
+            request(&[("user", 2)]),
+            // Its check is over, the team's is not: OK.
+            request(&[("user", 0), ("team", 0)]),
+            // Its check over and no other quota: over, the route not spent.
+            request(&[("user", 0), ("route", 1)]),
+            // Its check over, the team's take granted: OK, the team and the route spent.
+            request(&[("user", 0), ("team", 1), ("route", 1)]),
+            request(&[("team", 2)]),
+            // Both over: over, and the route not spent.
+            request(&[("user", 0), ("team", 1), ("route", 1)]),
+            request(&[("route", 0)]),
+        ]),
+    )
+    .await;
+    assert_eq!(codes(&answers[0]), ["OK", "OK"]);
+    assert_eq!(codes(&answers[1]), ["OK", "OVER_LIMIT", "OK"], "{}", answers[1]);
+    assert_eq!(remaining(&answers[1], 1), 3, "a check spends nothing");
+    assert_eq!(codes(&answers[2]), ["OVER_LIMIT", "OVER_LIMIT", "OK"], "{}", answers[2]);
+    let headers = answers[2]["response"]["response_headers_to_add"].as_array().unwrap();
+    assert!(headers.iter().any(|header| header[0] == "retry-after"), "{}", answers[2]);
+    assert_eq!(codes(&answers[3]), ["OK", "OVER_LIMIT", "OK", "OK"], "{}", answers[3]);
+    assert_eq!((remaining(&answers[3], 1), remaining(&answers[3], 2)), (json!(2), json!(99)));
+    assert_eq!(codes(&answers[4]), ["OK", "OK"]);
+    assert_eq!(codes(&answers[5]), ["OVER_LIMIT", "OVER_LIMIT", "OVER_LIMIT", "OK"], "{}", answers[5]);
+    assert_eq!(remaining(&answers[6], 0), 99, "the refused requests took nothing from the route");
+}

@@ -452,12 +452,6 @@ impl DecideService {
             statuses[position].code = Code::OverLimit;
             statuses[position].current_limit = Some(current);
         }
-        // Token budgets (`token_budgets.rs`): checks (an explicit 0) before the take, and
-        // charges of the rules that charge ALWAYS after it.
-        let held = token_budgets::HeldBack::of(&mut limited, request, &governing);
-        if let Some(answer) = self.before_the_take(service, &mut statuses, &held, &limited).await? {
-            return Ok(answer);
-        }
         let refused_all = statuses.iter().any(|status| status.code == Code::OverLimit);
         // A file's `quota_mode` descriptors refuse the request only when every one of them is
         // over: a take refused by one while another remains is taken again without it (each
@@ -470,6 +464,14 @@ impl DecideService {
         };
         let quota_positions: Vec<usize> =
             limited.iter().map(|(position, ..)| *position).filter(|position| quota_mode(*position)).collect();
+        // Token budgets (`token_budgets.rs`): checks (an explicit 0) before the take, and
+        // charges of the rules that charge ALWAYS after it.
+        let held = token_budgets::HeldBack::of(&mut limited, request, &governing);
+        if let Some(answer) =
+            self.before_the_take(service, &mut statuses, &held, &limited, &quota_mode).await?
+        {
+            return Ok(answer);
+        }
         let now = self.clock.now();
         let mut headers = Vec::new();
         let decision = loop {

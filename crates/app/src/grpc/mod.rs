@@ -104,7 +104,8 @@ fn code(code: Code) -> rate_limit_response::Code {
 }
 
 /// The request as [`service::decide`] takes it. `hits_addend` of 0 means 1; a descriptor's own
-/// `hits_addend` replaces the request's; a descriptor's `limit` override (which Envoy's route
+/// `hits_addend` replaces the request's, and its explicit 0 (the wrapper present, holding 0)
+/// checks without spending; a descriptor's `limit` override (which Envoy's route
 /// configuration sets, never its client) is the limit of a bucket of its own.
 fn request_of(message: RateLimitRequest) -> decide::Request {
     decide::Request {

@@ -68,12 +68,18 @@ impl DecideService {
     /// Before the take of `takes`: decides the checks held back, and answers the request when
     /// one refuses it or when nothing is left to take (then the charges are made here).
     /// `None`: the take goes ahead, and [`DecideService::after_the_take`] charges.
+    ///
+    /// A check of a file's `quota_mode` descriptor (`quota_mode` says which positions are)
+    /// that is over is answered over without refusing the request by itself: the request is
+    /// over when every quota-mode descriptor is, as the take's are. When every quota-mode
+    /// descriptor is a check and all are over, it is refused here, before anything is spent.
     pub(super) async fn before_the_take(
         &self,
         service: &str,
         statuses: &mut Vec<Status>,
         held: &HeldBack,
         takes: &[Limited],
+        quota_mode: &(dyn Fn(usize) -> bool + Sync),
     ) -> Result<Option<Answer>, DecideError> {
         // Refused already (an override of 0): nothing is read, spent or charged.
         if held.is_empty() || statuses.iter().any(|status| status.code == Code::OverLimit) {
@@ -82,7 +88,10 @@ impl DecideService {
         let now = self.clock.now();
         let mut headers = Vec::new();
         let mut refused = false;
-        for (position, spend, rule_id) in &held.checks {
+        // The quota-mode check over the limit that holds a token soonest, for the fields of a
+        // request they refuse together.
+        let mut soonest: Option<(std::time::Duration, &Limited, Fill)> = None;
+        for check @ (position, spend, rule_id) in &held.checks {
             let status = &mut statuses[*position];
             let verdict = match self.spender.peek_at(*spend, now).await.map_err(DecideError::Undecided)? {
                 // Not read (the store cannot answer, and the rule fails OPEN): admitted.
@@ -92,21 +101,39 @@ impl DecideService {
                 }
                 Some(_) if spend.enforcement.is_shadow() => Verdict::ShadowOverLimit,
                 Some(fill) => {
-                    refused = true;
                     let until_a_token = spend.limit.time_to_cover(fill, 1.0, now);
                     status.code = Code::OverLimit;
                     status.limit_remaining = Some(0);
                     status.until_reset = Some(until_a_token);
-                    push_fields(&mut headers, rule_id, spend.limit, Some(fill), now);
-                    let seconds = ratebudget_tower::retry_after_seconds(until_a_token);
-                    headers.push(("retry-after", seconds.to_string()));
+                    if !quota_mode(*position) {
+                        refused = true;
+                        push_fields(&mut headers, rule_id, spend.limit, Some(fill), now);
+                        let seconds = ratebudget_tower::retry_after_seconds(until_a_token);
+                        headers.push(("retry-after", seconds.to_string()));
+                    } else if soonest.is_none_or(|(wait, ..)| until_a_token < wait) {
+                        soonest = Some((until_a_token, check, fill));
+                    }
                     Verdict::OverLimit
                 }
             };
             named(status, rule_id, spend.limit);
             self.counted(service, rule_id, verdict);
         }
-        if refused {
+        // Every quota-mode descriptor a check, and every one over: the request is over.
+        let quotas_over = !takes.iter().any(|(position, ..)| quota_mode(*position))
+            && held.checks.iter().any(|(position, ..)| quota_mode(*position))
+            && held
+                .checks
+                .iter()
+                .filter(|(position, ..)| quota_mode(*position))
+                .all(|(position, ..)| statuses[*position].code == Code::OverLimit);
+        if quotas_over && !refused {
+            if let Some((wait, (_, spend, rule_id), fill)) = soonest {
+                push_fields(&mut headers, rule_id, spend.limit, Some(fill), now);
+                headers.push(("retry-after", ratebudget_tower::retry_after_seconds(wait).to_string()));
+            }
+        }
+        if refused || quotas_over {
             return Ok(Some(Answer {
                 overall: Code::OverLimit,
                 statuses: std::mem::take(statuses),
