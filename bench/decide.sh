@@ -4,12 +4,16 @@
 # hot tenant and for 100,000 random tenants, against pgbench's single-statement take at 64
 # clients on the same database in the same run (PostgreSQL's one-statement-per-decision
 # ceiling). A release build of the binary serves; the rule admits everything, so what is
-# measured is deciding, not refusing. Last, the floor: the same gRPC stack deciding nothing.
+# measured is deciding, not refusing. Then (issue 34, item 3) requests of 8 descriptors, each
+# a random tenant, over HTTP: every descriptor of a request is one take of 8 buckets, all or
+# nothing, and the row counts descriptors decided a second against the single-descriptor
+# random HTTP row's. Last, the floor: the same gRPC stack deciding nothing.
 #
 #   bash bench/decide.sh
 #
 # Knobs: DATABASE_ADMIN_URL (default the local cluster), SECONDS_PER_RUN (10), IN_FLIGHT (64),
-# TENANTS (100000), ROUNDS (3: interleaved rounds of each workload, compared by their medians),
+# TENANTS (100000), DESCRIPTORS (8: the descriptors of a request of the many-descriptor row),
+# ROUNDS (3: interleaved rounds of each workload, compared by their medians),
 # LEASE_MS (100: the leased rows' PLEXSPHERE_LEASE_MS). Needs wrk (Debian's package) for the
 # HTTP runs; installs it when missing.
 set -euo pipefail
@@ -96,16 +100,36 @@ wrk.method = "POST"
 wrk.headers["Authorization"] = "Bearer $token"
 wrk.headers["Content-Type"] = "application/json"
 local tenants = tonumber(os.getenv("TENANTS_FOR_WRK"))
+local descriptors = tonumber(os.getenv("DESCRIPTORS_FOR_WRK") or "1")
 local requests = {}
-local function decide(tenant)
-    return wrk.format(nil, "/v1/decide", nil,
-        '{"domain":"bench","descriptors":[{"entries":[{"key":"api","value":"GET /v1/users"},{"key":"tenant","value":"' .. tenant .. '"}]}]}')
+local function descriptor(tenant)
+    return '{"entries":[{"key":"api","value":"GET /v1/users"},{"key":"tenant","value":"' .. tenant .. '"}]}'
+end
+local function decide(tenants)
+    local each = {}
+    for i, tenant in ipairs(tenants) do each[i] = descriptor(tenant) end
+    return wrk.format(nil, "/v1/decide", nil, '{"domain":"bench","descriptors":[' .. table.concat(each, ",") .. ']}')
 end
 init = function(args)
-    if tenants then
-        for i = 0, tenants - 1 do requests[i + 1] = decide("t" .. i) end
+    if tenants and descriptors > 1 then
+        -- Requests of random tenants each (distinct within a request), built before the run:
+        -- a fifth as many requests as tenants covers every tenant about once per descriptor.
+        math.randomseed(os.time() + tonumber(tostring(args):match("0x(%x+)") or "0", 16))
+        for r = 1, math.max(1, math.floor(tenants / 5)) do
+            local chosen, seen = {}, {}
+            while #chosen < descriptors do
+                local tenant = math.random(0, tenants - 1)
+                if not seen[tenant] then
+                    seen[tenant] = true
+                    chosen[#chosen + 1] = "t" .. tenant
+                end
+            end
+            requests[r] = decide(chosen)
+        end
+    elseif tenants then
+        for i = 0, tenants - 1 do requests[i + 1] = decide({"t" .. i}) end
     else
-        requests[1] = decide("hot")
+        requests[1] = decide({"hot"})
     end
 end
 request = function()
@@ -114,7 +138,7 @@ end
 LUA
 http_run() {
     local out
-    out=$(TENANTS_FOR_WRK="$1" wrk -t2 -c"$in_flight" -d"${seconds}s" --latency -s "$work/decide.lua" "http://127.0.0.1:$http_port" 2>&1)
+    out=$(TENANTS_FOR_WRK="$1" DESCRIPTORS_FOR_WRK="${2:-1}" wrk -t2 -c"$in_flight" -d"${seconds}s" --latency -s "$work/decide.lua" "http://127.0.0.1:$http_port" 2>&1)
     local rps p50 p99 non2xx errors
     rps=$(echo "$out" | sed -n 's/^Requests\/sec: *\([0-9.]*\).*/\1/p')
     p50=$(echo "$out" | sed -n 's/^ *50% *\(.*\)$/\1/p')
@@ -152,12 +176,18 @@ pgbench_run() {
 # so one run of each, 20 s apart, compared the drift as much as the paths.
 rounds="${ROUNDS:-3}"
 printf '%-7s %-8s %s\n' workload via figures
+descriptors="${DESCRIPTORS:-8}"
 for workload in hot random; do
     arg=$([ "$workload" = hot ] && echo hot || echo "$tenants")
     wrk_tenants=$([ "$workload" = hot ] && echo "" || echo "$tenants")
     for _ in $(seq 1 "$rounds"); do
         row "$workload" grpc grpc_run "$arg" | tee -a "$work/$workload.grpc"
         row "$workload" http http_run "$wrk_tenants" | tee -a "$work/$workload.http"
+        if [ "$workload" = random ]; then
+            # Requests of $descriptors descriptors, each a random tenant: one take of that many
+            # buckets a request.
+            row "random$descriptors" http http_run "$tenants" "$descriptors" | tee -a "$work/random-many.http"
+        fi
         printf '%-7s %-8s tps %s\n' "$workload" pgbench "$(pgbench_run "$workload")" | tee -a "$work/$workload.pgbench"
     done
 done
@@ -213,3 +243,12 @@ for workload in hot random; do
         }'
     done
 done
+# Issue 34, item 3: descriptors decided a second in requests of $descriptors, against the
+# single-descriptor random HTTP row.
+one=$(median "$work/random.http" decisions/s)
+many=$(median "$work/random-many.http" decisions/s)
+many_p99=$(median "$work/random-many.http" p99)
+awk -v d="$descriptors" -v one="$one" -v many="$many" -v p99="$many_p99" 'BEGIN {
+    printf "random%s http     requests/s %.0f = descriptors/s %.0f, %.2fx the single-descriptor row'"'"'s %.0f, p99 %.2f ms: %s\n",
+        d, many, many * d, many * d / one, one, p99, (many * d >= one) ? "meets" : "short"
+}'

@@ -2,8 +2,8 @@
 -- plexsphere.decide_rate_budget_takes decides one such take (a request's descriptors) or a
 -- coalesced call of them, of pairs and of single takes, exactly as decide_rate_budget_batch
 -- decides a call of pairs and single takes, in the same lock order. This build sends it every
--- take of two or more buckets and every call decide_rate_budget_batch decided;
--- decide_rate_budget_pair and decide_rate_budget_batch stay for replicas of the previous build
--- during a rolling upgrade (and the one-bucket function still hands a missing row to the
--- latter).
+-- take of more than two buckets and every call decide_rate_budget_batch decided (a pair sent
+-- alone stays decide_rate_budget_pair's); decide_rate_budget_batch stays for replicas of the
+-- previous build during a rolling upgrade (and the one-bucket function still hands a missing
+-- row to it).
 --! include functions/decide_rate_budget_takes.sql
