@@ -20,5 +20,6 @@ pub mod grpc;
 pub mod http;
 pub mod migrations;
 pub mod observation;
+pub mod quota_store;
 pub mod runtime;
 pub mod startup;

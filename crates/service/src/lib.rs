@@ -19,6 +19,7 @@ pub mod budgets;
 pub mod decide;
 pub mod defaults;
 pub mod operations;
+pub mod quota;
 
 #[cfg(test)]
 mod fixtures;

@@ -47,6 +47,11 @@ pub const DECIDE_TOKENS: &str = "PLEXSPHERE_DECIDE_TOKENS";
 /// `PLEXSPHERE_GRPC_LISTEN`: where Envoy's rate limit service protocol is served; unset, it is
 /// not.
 pub const GRPC_LISTEN: &str = "PLEXSPHERE_GRPC_LISTEN";
+/// `PLEXSPHERE_RLQS_TTL_SECONDS`: how long an RLQS assignment lasts (docs/adr/0041).
+pub const RLQS_TTL_SECONDS: &str = "PLEXSPHERE_RLQS_TTL_SECONDS";
+/// `PLEXSPHERE_RLQS_MAX_ROUND_TRIP_MS`: the longest an RLQS assignment or report takes to
+/// arrive (docs/adr/0041).
+pub const RLQS_MAX_ROUND_TRIP_MS: &str = "PLEXSPHERE_RLQS_MAX_ROUND_TRIP_MS";
 /// The name `PLEXSPHERE_OPERATOR_TOKEN`'s token acts under.
 pub const SINGLE_OPERATOR_NAME: &str = "operator";
 /// The fewest characters of an operator token.
@@ -399,6 +404,17 @@ pub struct Knobs {
     /// than the budget; 0 (the default) leases nothing (0 to 10000).
     #[arg(long, env = LEASE_MS, value_name = LEASE_MS, value_parser = clap::value_parser!(u64).range(0..=10_000), default_value_t = 0)]
     pub lease_ms: u64,
+    /// How long an RLQS assignment lasts, in whole seconds (Envoy reads only the seconds):
+    /// above Envoy's report interval (5 s), so that each report renews it; what an Envoy cut
+    /// off from every replica still admits after a rule changed is at most its share for this
+    /// long (6 to 3600).
+    #[arg(long, env = RLQS_TTL_SECONDS, value_name = RLQS_TTL_SECONDS, value_parser = clap::value_parser!(u64).range(6..=3600), default_value_t = 12)]
+    pub rlqs_ttl_seconds: u64,
+    /// The longest an RLQS assignment or report takes between a replica and an Envoy: an old
+    /// share counts until its TTL plus this, and a report proves the Envoy has its latest
+    /// assignment only when it arrives this long after it was sent (10 to 60000).
+    #[arg(long, env = RLQS_MAX_ROUND_TRIP_MS, value_name = RLQS_MAX_ROUND_TRIP_MS, value_parser = clap::value_parser!(u64).range(10..=60_000), default_value_t = 1000)]
+    pub rlqs_max_round_trip_ms: u64,
     /// The OpenTelemetry collector to push metrics to over OTLP/HTTP (protobuf), as its base
     /// URL, `http://host:4318`: `ratelimit.decisions` and `ratelimit.fallbacks` go to
     /// `<it>/v1/metrics`. Plain HTTP only (run a collector beside the replica); empty: none.
@@ -668,6 +684,8 @@ pub struct Config {
     pub http: HttpConfig,
     /// Where Envoy's rate limit protocols (gRPC) are served, if anywhere.
     pub grpc_listen: Option<SocketAddr>,
+    /// The RLQS allocator's settings.
+    pub quota: service::quota::QuotaSettings,
     /// Who may call, and how failed authentications are limited.
     pub auth: AuthConfig,
     /// The rate budgets: the defaults where no rule governs, and how takes are decided.
@@ -846,6 +864,11 @@ impl Config {
             },
             http,
             grpc_listen,
+            quota: service::quota::QuotaSettings {
+                ttl: Duration::from_secs(knobs.rlqs_ttl_seconds),
+                max_round_trip: Duration::from_millis(knobs.rlqs_max_round_trip_ms),
+                ..service::quota::QuotaSettings::default()
+            },
             auth: AuthConfig { operators, decide_callers, failures: auth_failures, trusted_proxies },
             budgets: BudgetsConfig {
                 defaults,

@@ -38,29 +38,24 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{
     rate_limit_response, RateLimitRequest, RateLimitResponse,
 };
 
-/// The gRPC service: decisions for callers with a decide token.
-pub struct RateLimitServer {
-    decide: DecideService,
+pub mod quota;
+
+/// Who may call either protocol: a decide token, the failures of callers without one counted.
+#[derive(Clone)]
+pub struct Callers {
     tokens: DecideTokens,
     throttle: AuthThrottle,
-    /// A call's database time, as for the HTTP API.
-    database_time: DatabaseTime,
 }
 
-impl RateLimitServer {
-    /// Decides with `decide` for the callers `tokens` names, counting failures in `throttle`.
-    pub fn new(
-        decide: DecideService,
-        tokens: DecideTokens,
-        throttle: AuthThrottle,
-        database_time: DatabaseTime,
-    ) -> RateLimitServer {
-        RateLimitServer { decide, tokens, throttle, database_time }
+impl Callers {
+    /// The callers `tokens` names, counting failures in `throttle`.
+    pub fn new(tokens: DecideTokens, throttle: AuthThrottle) -> Callers {
+        Callers { tokens, throttle }
     }
 
     /// The services the caller may ask for, or the status that refuses the call. Only a call
     /// without a valid token meets its address's failure budget.
-    async fn authenticate<T>(&self, request: &Request<T>) -> Result<Services, Status> {
+    pub async fn authenticate<T>(&self, request: &Request<T>) -> Result<Services, Status> {
         let presented = request
             .metadata()
             .get("authorization")
@@ -81,6 +76,21 @@ impl RateLimitServer {
             }
         }
         Err(Status::unauthenticated("a decide token is required: authorization: Bearer <token>"))
+    }
+}
+
+/// The gRPC service: decisions for callers with a decide token.
+pub struct RateLimitServer {
+    decide: DecideService,
+    callers: Callers,
+    /// A call's database time, as for the HTTP API.
+    database_time: DatabaseTime,
+}
+
+impl RateLimitServer {
+    /// Decides with `decide` for `callers`.
+    pub fn new(decide: DecideService, callers: Callers, database_time: DatabaseTime) -> RateLimitServer {
+        RateLimitServer { decide, callers, database_time }
     }
 }
 
@@ -181,7 +191,7 @@ impl RateLimitService for RateLimitServer {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let services = self.authenticate(&request).await?;
+        let services = self.callers.authenticate(&request).await?;
         let request = request_of(request.into_inner());
         let deciding = self.database_time.bounded("deciding", self.decide.decide(&services, &request));
         let decided = self.database_time.scope(deciding).await;
@@ -205,8 +215,14 @@ impl RateLimitService for RateLimitServer {
     }
 }
 
-/// Serves `server` on `listener` until `shutdown`, then lets calls in flight finish.
-pub async fn serve(listener: tokio::net::TcpListener, server: RateLimitServer, shutdown: CancellationToken) {
+/// Serves `server` and `quota` on `listener` until `shutdown`, then lets calls in flight finish
+/// (each quota stream says goodbye and ends on `shutdown` too).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    server: RateLimitServer,
+    quota: quota::QuotaServer,
+    shutdown: CancellationToken,
+) {
     use tokio_stream::StreamExt as _;
     // Answers leave at once: with Nagle's algorithm a small response waits for the client's
     // delayed ACK (40 ms), which was the p99 of every call under load.
@@ -217,6 +233,7 @@ pub async fn serve(listener: tokio::net::TcpListener, server: RateLimitServer, s
     });
     let served = tonic::transport::Server::builder()
         .add_service(RateLimitServiceServer::new(server))
+        .add_service(quota::RateLimitQuotaServiceServer::new(quota))
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
         .await;
     if let Err(error) = served {

@@ -201,6 +201,8 @@ pub struct Families {
     leased_grants: Family<BudgetLabels, Counter>,
     leased_tokens: Family<BudgetLabels, Counter<f64, AtomicU64>>,
     lease_refunded_tokens: Family<BudgetLabels, Counter<f64, AtomicU64>>,
+    /// The RLQS allocator's.
+    pub(crate) quota: super::quota_metrics::QuotaFamilies,
 }
 
 impl std::ops::Deref for Metrics {
@@ -368,7 +370,9 @@ impl Metrics {
             "Tokens this replica's leases did not grant and gave back to shared buckets",
             lease_refunded_tokens.clone(),
         );
+        let quota = super::quota_metrics::QuotaFamilies::register(&mut registry);
         Metrics(Arc::new(Families {
+            quota,
             registry,
             leader,
             revocations_listening,

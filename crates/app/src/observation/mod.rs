@@ -7,3 +7,4 @@ pub mod logs;
 pub mod metrics;
 pub mod observer;
 pub mod otlp;
+pub mod quota_metrics;

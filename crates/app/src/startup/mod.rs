@@ -313,8 +313,19 @@ impl Application {
             None => None,
         };
         let grpc_addr = grpc_listener.as_ref().map(tokio::net::TcpListener::local_addr).transpose()?;
-        let grpc_server =
-            grpc::RateLimitServer::new(decide, decide_tokens, state.throttle.clone(), database_time);
+        let callers = grpc::Callers::new(decide_tokens, state.throttle.clone());
+        let grpc_server = grpc::RateLimitServer::new(decide, callers.clone(), database_time);
+        // RLQS shares are counted on the API's statements: one a report of a bucket, by every
+        // replica alike, each holder named by its stream and the replica by its gRPC address.
+        let quota = service::quota::QuotaService::new(
+            rule_budgets.clone(),
+            Arc::new(crate::quota_store::PgQuotaStore::new(api_statements.clone())),
+            Arc::new(metrics.clone()),
+            config.quota,
+            grpc_addr.map_or_else(|| local_addr.to_string(), |address| address.to_string()),
+        );
+        let quota_server =
+            grpc::quota::QuotaServer::new(quota, callers, Arc::new(metrics.clone()), shutdown.clone());
         // After the bind, the other step that can fail, and before the loops start: an export
         // dropped by a failed build would push once more, blocking the runtime meanwhile.
         let otlp = config
@@ -409,7 +420,10 @@ impl Application {
         }
         tasks.add("the rule usage flusher", usage);
         if let Some(grpc_listener) = grpc_listener {
-            tasks.add("the gRPC server", grpc::serve(grpc_listener, grpc_server, shutdown.clone()));
+            tasks.add(
+                "the gRPC server",
+                grpc::serve(grpc_listener, grpc_server, quota_server, shutdown.clone()),
+            );
         }
         tracing::info!(%local_addr, ?grpc_addr, "serving");
         Ok(Application {

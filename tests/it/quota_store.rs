@@ -1,0 +1,227 @@
+//! The RLQS allocator's accounting (`plexsphere.quota_assign`, through `PgQuotaStore`) against
+//! a real PostgreSQL: what every holder may still use never sums over the rule, a shrink
+//! counts at the old share until a report proves it arrived, a newcomer gets the share the
+//! others give back, a closed stream's share counts until it expires, and the pool pays for
+//! every token bucket an Envoy builds full.
+
+use std::time::Duration;
+
+use app::quota_store::PgQuotaStore;
+use ratebudget::{Key, Statements};
+use service::quota::{Allotment, Allotted, Budget, QuotaSettings, QuotaStore, ShareRequest, Usage};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// 100 a second, a burst of 50: shares of 99.5 a second (the reserve is 0.5%), filled each
+/// second so a share's tokens are its rate.
+fn budget(rate: f64, burst: f64) -> Budget {
+    Budget {
+        key: Key::from(Uuid::from_u64_pair(0, 7)),
+        rule_id: "checkout".into(),
+        rate,
+        burst,
+        fill_seconds: 1,
+        shadow: false,
+    }
+}
+
+/// Short times, so a test lets them pass: a round trip of 20 ms, a TTL of 1 s.
+fn settings() -> QuotaSettings {
+    QuotaSettings {
+        ttl: Duration::from_secs(1),
+        max_round_trip: Duration::from_millis(20),
+        ..QuotaSettings::default()
+    }
+}
+
+struct Holders {
+    store: PgQuotaStore,
+    pool: PgPool,
+    budget: Budget,
+}
+
+impl Holders {
+    fn new(pool: PgPool, budget: Budget) -> Holders {
+        Holders { store: PgQuotaStore::new(Statements::new(pool.clone())), pool, budget }
+    }
+
+    async fn report(&self, holder: Uuid, requests: u64, elapsed_s: u64) -> Allotted {
+        let usage = Usage { allowed: requests, denied: 0, elapsed: Duration::from_secs(elapsed_s) };
+        self.ask(holder, Some(usage)).await
+    }
+
+    async fn ask(&self, holder: Uuid, usage: Option<Usage>) -> Allotted {
+        let request = ShareRequest {
+            service: "shop".into(),
+            budget: self.budget.clone(),
+            holder,
+            replica: "replica-a".into(),
+            usage,
+            settings: settings(),
+        };
+        self.store.assign(&request).await.unwrap()
+    }
+
+    /// What every holder may still use, summed (rate, burst), and the pool, now.
+    async fn counted(&self) -> (f64, f64, f64) {
+        sqlx::query_as(
+            "SELECT coalesce(sum(plexsphere.quota_counted_rate(s, clock_timestamp())), 0),
+                    coalesce(sum(plexsphere.quota_counted_burst(s, clock_timestamp())), 0),
+                    (SELECT pool FROM plexsphere.quota_buckets)
+             FROM plexsphere.quota_shares s",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .unwrap()
+    }
+}
+
+fn tokens(allotted: Allotted) -> (u32, u32) {
+    match allotted.decision {
+        Allotment::TokenBucket { max_tokens, tokens_per_fill } => (max_tokens, tokens_per_fill),
+        other => panic!("not a token bucket: {other:?}"),
+    }
+}
+
+/// The protocol's time passing: a report or an expiry is told apart from the send it
+/// follows only by the time between them.
+async fn after(duration: Duration) {
+    tokio::time::sleep(duration).await;
+}
+
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
+async fn a_lone_newcomer_gets_the_capacity_and_nine_tenths_of_the_burst_paid_from_the_pool(pool: PgPool) {
+    let holders = Holders::new(pool, budget(100.0, 50.0));
+    let first = holders.report(Uuid::new_v4(), 1, 0).await;
+    // 99.5 a second, floored to whole tokens a fill; its part (99 of 99.5) of nine tenths
+    // of the 50, floored: 44 at once.
+    assert_eq!(tokens(first), (44, 99));
+    let (rate, burst, left) = holders.counted().await;
+    assert_eq!((rate, burst), (99.0, 44.0));
+    assert!((left - 6.0).abs() < 1e-6, "the pool paid for the bucket built full: {left}");
+}
+
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
+async fn a_newcomer_waits_for_the_share_another_gives_back_until_a_report_proves_it_arrived(pool: PgPool) {
+    let holders = Holders::new(pool, budget(100.0, 50.0));
+    let (old, new) = (Uuid::new_v4(), Uuid::new_v4());
+    holders.report(old, 1, 0).await;
+    after(Duration::from_millis(50)).await;
+    holders.report(old, 500, 1).await;
+    // Everything is held: the newcomer is denied, and the holder is shrunk to half...
+    assert_eq!(holders.report(new, 1, 0).await.decision, Allotment::Deny);
+    after(Duration::from_millis(50)).await;
+    let shrunk = tokens(holders.report(old, 500, 1).await);
+    assert_eq!(shrunk.1, 49, "half of 99.5, floored");
+    // ...which counts at the old share until its next report.
+    assert_eq!(holders.ask(new, None).await.decision, Allotment::Deny);
+    assert_eq!(holders.counted().await.0, 99.0);
+    after(Duration::from_millis(50)).await;
+    holders.report(old, 500, 1).await;
+    let granted = tokens(holders.report(new, 500, 1).await);
+    assert_eq!(granted.1, 49);
+    let (rate, burst, left) = holders.counted().await;
+    assert!(rate <= 99.5 && burst <= 50.0 && left >= 0.0, "{rate} {burst} {left}");
+}
+
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
+async fn a_report_that_crosses_an_assignment_is_answered_with_nothing(pool: PgPool) {
+    let holders = Holders::new(pool, budget(100.0, 50.0));
+    let holder = Uuid::new_v4();
+    holders.report(holder, 1, 0).await;
+    // Within the round trip of the send: the Envoy may not have it yet.
+    assert_eq!(holders.report(holder, 10, 1).await.decision, Allotment::Unchanged);
+}
+
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
+async fn a_closed_streams_share_counts_until_what_it_was_sent_expires(pool: PgPool) {
+    let holders = Holders::new(pool, budget(100.0, 50.0));
+    let (gone, next) = (Uuid::new_v4(), Uuid::new_v4());
+    holders.report(gone, 1, 0).await;
+    holders.store.close(gone).await.unwrap();
+    assert_eq!(holders.report(next, 1, 0).await.decision, Allotment::Deny);
+    // Its TTL (1 s) and the round trip pass: the share is free.
+    after(Duration::from_millis(1100)).await;
+    let granted = tokens(holders.report(next, 1, 0).await);
+    assert_eq!(granted.1, 99);
+}
+
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
+async fn a_lowered_rule_grants_nothing_while_what_others_were_sent_under_the_old_one_counts(pool: PgPool) {
+    let mut holders = Holders::new(pool, budget(100.0, 50.0));
+    let (one, other) = (Uuid::new_v4(), Uuid::new_v4());
+    holders.report(one, 1, 0).await;
+    after(Duration::from_millis(50)).await;
+    holders.report(one, 500, 1).await;
+    holders.report(other, 1, 0).await;
+    after(Duration::from_millis(50)).await;
+    holders.report(one, 500, 1).await;
+    after(Duration::from_millis(50)).await;
+    holders.report(one, 500, 1).await;
+    holders.report(other, 500, 1).await;
+    assert!(holders.counted().await.0 > 90.0);
+    holders.budget = budget(20.0, 10.0);
+    // Pushed at once: each holder's own new share replaces its old one, but what the other
+    // was sent under the old rule still counts, and nothing fits under 20 beside it.
+    assert_eq!(holders.ask(one, None).await.decision, Allotment::Deny);
+    assert_eq!(holders.ask(other, None).await.decision, Allotment::Deny);
+    // Reports prove the DENY_ALLs arrived: the old shares stop counting, and each holder gets
+    // its part of the new rule once the pool (in debt for what the old shares could use)
+    // pays for a bucket.
+    let mut granted = Vec::new();
+    for _ in 0..50 {
+        after(Duration::from_millis(100)).await;
+        for holder in [one, other] {
+            if let Allotment::TokenBucket { max_tokens, tokens_per_fill } =
+                holders.report(holder, 500, 1).await.decision
+            {
+                granted.push((max_tokens, tokens_per_fill));
+            }
+        }
+        let (rate, burst, _) = holders.counted().await;
+        assert!(granted.is_empty() || (rate <= 19.9 + 1e-9 && burst <= 10.0), "{rate} {burst}");
+        if granted.len() >= 2 {
+            break;
+        }
+    }
+    assert!(granted.len() >= 2, "{granted:?}");
+    assert!(
+        granted.iter().all(|(max_tokens, tokens_per_fill)| *tokens_per_fill <= 19 && *max_tokens <= 9),
+        "{granted:?}"
+    );
+}
+
+/// Many holders reporting, pushed to and closing in every order, each statement from its own
+/// task: after each, what every holder may still use sums within the rule and the pool is
+/// never in debt.
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
+async fn what_every_holder_may_use_never_sums_over_the_rule(pool: PgPool) {
+    let holders = std::sync::Arc::new(Holders::new(pool, budget(1000.0, 200.0)));
+    let ids: Vec<Uuid> = (0..6).map(|_| Uuid::new_v4()).collect();
+    let mut tasks = Vec::new();
+    for (index, id) in ids.iter().copied().enumerate() {
+        let holders = holders.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut worst = (0.0f64, 0.0f64, f64::INFINITY);
+            for step in 0..25u64 {
+                let demand = (index as u64 * 37 + step * 101) % 900;
+                match (step + index as u64) % 7 {
+                    0 => holders.store.close(id).await.unwrap(),
+                    1 => drop(holders.ask(id, None).await),
+                    2 => drop(holders.report(id, demand, 0).await),
+                    _ => drop(holders.report(id, demand, 1).await),
+                }
+                let (rate, burst, left) = holders.counted().await;
+                worst = (worst.0.max(rate), worst.1.max(burst), worst.2.min(left));
+                after(Duration::from_millis(10 + (step * 7 + index as u64 * 3) % 30)).await;
+            }
+            worst
+        }));
+    }
+    for task in tasks {
+        let (rate, burst, left) = task.await.unwrap();
+        assert!(rate <= 1000.0 * 0.995 + 1e-9, "rates counted {rate}");
+        assert!(burst <= 200.0 + 1e-9, "bursts counted {burst}");
+        assert!(left >= -1e-9, "pool {left}");
+    }
+}
