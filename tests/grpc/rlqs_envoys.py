@@ -167,8 +167,8 @@ class TokenBucket:
         if existing is None:
             initial = self.max_tokens
         elif existing.max_tokens == 0:
-            # remaining / max is 0/0, NaN, and its cast to uint64 is undefined; x86-64 gives
-            # 2^63, which fills the bucket.
+            # remaining / max is 0/0, NaN, and its cast to uint64_t undefined behaviour; x86-64
+            # code gives 2^63, which fills the bucket.
             initial = self.max_tokens
         else:
             # max_tokens * (remainingTokens() / maxTokens()), cast to uint64_t: truncated.
@@ -540,6 +540,8 @@ def config_of(i, envoy):
         check_keys(f"envoys[{i}].expired_fallback", fallback, {"blanket", "timeout_s"})
         if fallback.get("blanket") not in BLANKETS:
             raise ValueError(f"envoys[{i}].expired_fallback.blanket must be one of {BLANKETS}")
+    if exact(envoy.get("report_interval_s", 5)) * 1000 < 1:
+        raise ValueError(f"envoys[{i}].report_interval_s must be at least 1 ms")
     return EnvoyConfig(
         name=envoy.get("name") or f"e{i}",
         domain=envoy["domain"],
