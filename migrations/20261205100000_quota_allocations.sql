@@ -22,9 +22,8 @@ CREATE TABLE plexsphere.quota_buckets (
     -- The rule as last assigned by (tokens a second; tokens): the pool accrued at this rate.
     rate double precision NOT NULL CHECK (rate >= 0),
     burst double precision NOT NULL CHECK (burst >= 0),
-    -- The pool's tokens at pool_at: negative only after a rule was lowered under what is
-    -- still counted.
-    pool double precision NOT NULL,
+    -- The pool's tokens at pool_at.
+    pool double precision NOT NULL CHECK (pool >= 0),
     pool_at timestamptz NOT NULL
 );
 
@@ -145,13 +144,12 @@ BEGIN
            coalesce(sum(plexsphere.quota_counted_burst(s, bucket.pool_at)), 0)
     INTO before_rate, before_burst
     FROM plexsphere.quota_shares s WHERE s.key = p_key;
-    bucket.pool := least(
+    -- A rule lowered under what is still counted leaves the pool empty, not in debt: what
+    -- the old assignments can still admit beyond the new rule is the change's own cost, bounded
+    -- by their TTL, and is not paid back by refusing under the new rule afterwards.
+    bucket.pool := greatest(0, least(
         least(bucket.burst, p_burst) - before_burst,
-        bucket.pool + (bucket.rate - before_rate) * extract(epoch FROM at - bucket.pool_at));
-    -- A rule lowered under what is still counted: the pool pays for it as it would have refilled.
-    IF bucket.pool > p_burst - before_burst THEN
-        bucket.pool := p_burst - before_burst;
-    END IF;
+        bucket.pool + greatest(0, bucket.rate - before_rate) * extract(epoch FROM at - bucket.pool_at)));
 
     -- Holders gone for good: nothing they were sent can be used, and they no longer report.
     DELETE FROM plexsphere.quota_shares s
@@ -241,8 +239,10 @@ BEGIN
         left_over := left_over - want;
         unmet := unmet - 1;
     END LOOP;
-    -- Its fair share, and its headroom from what no demand takes.
-    my_want := least(my_want, level) + least(my_want * (p_headroom - 1), left_over / holders);
+    -- Its fair share, and its headroom from what no demand takes: at least a token a fill, so
+    -- a bucket idle for an interval keeps a token for its next request.
+    my_want := least(my_want, level)
+        + least(greatest(my_want * (p_headroom - 1), 1.0 / p_fill_seconds), left_over / holders);
 
     SELECT coalesce(sum(plexsphere.quota_counted_rate(s, at)), 0),
            coalesce(sum(plexsphere.quota_counted_burst(s, at)), 0)

@@ -37,6 +37,7 @@ mod plans;
 mod quota_store;
 mod ratebudget_store;
 mod readme;
+mod rlqs;
 mod rules_api;
 mod rules_enforcement;
 mod rules_store;

@@ -225,3 +225,44 @@ async fn what_every_holder_may_use_never_sums_over_the_rule(pool: PgPool) {
         assert!(left >= -1e-9, "pool {left}");
     }
 }
+
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
+async fn a_bucket_without_demand_for_a_while_is_abandoned_and_comes_back_as_a_newcomer(pool: PgPool) {
+    let holders = Holders::new(pool, budget(100.0, 50.0));
+    let holder = Uuid::new_v4();
+    let idle = |requests| Some(Usage { allowed: requests, denied: 0, elapsed: Duration::from_secs(1) });
+    let settings = QuotaSettings { idle_after: Duration::from_millis(100), ..settings() };
+    let ask = |usage| ShareRequest {
+        service: "shop".into(),
+        budget: holders.budget.clone(),
+        holder,
+        replica: "replica-a".into(),
+        usage,
+        settings,
+    };
+    holders.store.assign(&ask(Some(Usage { allowed: 1, denied: 0, elapsed: Duration::ZERO }))).await.unwrap();
+    after(Duration::from_millis(50)).await;
+    // The first report without a request starts the idle time; a request resets it.
+    assert!(matches!(
+        holders.store.assign(&ask(idle(0))).await.unwrap().decision,
+        Allotment::TokenBucket { .. }
+    ));
+    after(Duration::from_millis(150)).await;
+    assert!(matches!(
+        holders.store.assign(&ask(idle(3))).await.unwrap().decision,
+        Allotment::TokenBucket { .. }
+    ));
+    after(Duration::from_millis(50)).await;
+    holders.store.assign(&ask(idle(0))).await.unwrap();
+    after(Duration::from_millis(150)).await;
+    assert_eq!(holders.store.assign(&ask(idle(0))).await.unwrap().decision, Allotment::Abandon);
+    // What it was sent still counts until it expires; when its Envoy asks again (a first
+    // report), it is a newcomer again.
+    assert!(holders.counted().await.0 > 0.0);
+    let back = holders
+        .store
+        .assign(&ask(Some(Usage { allowed: 1, denied: 0, elapsed: Duration::ZERO })))
+        .await
+        .unwrap();
+    assert!(matches!(back.decision, Allotment::TokenBucket { .. }), "{back:?}");
+}

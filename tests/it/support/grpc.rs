@@ -74,3 +74,32 @@ pub(crate) async fn script(path: &str, arguments: &[&str], env: &[(&str, &str)])
     printed.push_str(&String::from_utf8_lossy(&output.stderr));
     (output.status.success(), printed)
 }
+
+/// Runs simulated Envoys (`tests/grpc/rlqs_envoys.py`: each Envoy's `rate_limit_quota` filter
+/// as Envoy's source has it, its load, its reports and its streams) by `script`, and returns
+/// what they did.
+pub(crate) async fn envoys(script: Value) -> Value {
+    let script = script.to_string();
+    let output = tokio::task::spawn_blocking(move || {
+        let mut child = Command::new(python())
+            .arg(workspace().join("tests/grpc/rlqs_envoys.py"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the simulated Envoys start");
+        use std::io::Write as _;
+        child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(output.status.success(), "the simulated Envoys failed");
+    let done: Value = serde_json::from_slice(&output.stdout).expect("the simulated Envoys print JSON");
+    assert!(
+        done.get("error").is_none_or(Value::is_null),
+        "the simulated Envoys stopped early: {}",
+        done["error"]
+    );
+    done
+}
