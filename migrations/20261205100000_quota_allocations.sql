@@ -80,8 +80,7 @@ $$;
 -- replica's reports of one bucket are decided one at a time.
 --
 -- decision: 'token_bucket' (max_tokens, tokens_per_fill every fill_seconds), 'deny' (no share
--- can be granted now: DENY_ALL), 'unchanged' (the report crossed the last assignment sent:
--- nothing is sent, the Envoy may be using either), 'abandon' (no demand for idle_after).
+-- can be granted now: DENY_ALL), 'abandon' (no demand for idle_after).
 -- prior_rate and prior_burst: the share in force before this report.
 CREATE FUNCTION plexsphere.quota_assign(
     p_key uuid,
@@ -131,6 +130,7 @@ DECLARE
     holds boolean;
     charge double precision;
     elapsed double precision;
+    freed boolean := false;
 BEGIN
     INSERT INTO plexsphere.quota_buckets AS b (key, service, rule_id, rate, burst, pool, pool_at)
     VALUES (p_key, p_service, p_rule, p_rate, p_burst, p_burst, at)
@@ -184,20 +184,17 @@ BEGIN
         mine.replica := p_replica;
         mine.closed_at := NULL;
         IF mine.sent_at IS NULL OR at - mine.sent_at > rtt THEN
-            -- Sent after it had the last assignment: it uses that one, no older.
+            -- Sent after it had the last assignment: it uses that one, no older; a shrink it
+            -- confirms frees capacity another holder may be waiting for.
+            freed := mine.old_until > at
+                AND mine.old_rate > mine.tokens_per_fill::double precision / mine.fill_seconds;
             mine.old_rate := 0;
             mine.old_burst := 0;
             mine.old_until := NULL;
-        ELSE
-            -- The report crossed the last assignment: the Envoy may be using either, and a
-            -- new one would make three. Nothing is sent; the next report settles it.
-            UPDATE plexsphere.quota_shares s
-            SET demand = mine.demand, idle_since = mine.idle_since, reported_at = mine.reported_at,
-                replica = mine.replica, closed_at = NULL
-            WHERE s.key = p_key AND s.holder = p_holder;
-            decision := 'unchanged';
-            RETURN;
         END IF;
+        -- Otherwise the report crossed the last assignment: the Envoy may be using it or the
+        -- one before, so both stay counted (below, the last joins the old at the larger of
+        -- each), and the new one is sent as a push would be.
         IF mine.idle_since IS NOT NULL AND at - mine.idle_since >= make_interval(secs => p_idle_after) THEN
             -- No demand for a while: the Envoy erases the bucket, and what it was sent counts
             -- until it expires.
@@ -296,6 +293,13 @@ BEGIN
     WHERE b.key = p_key;
     max_tokens := tokens::bigint;
     tokens_per_fill := fill;
+    -- A report that frees capacity, or that finds its holder well short of its fair share
+    -- (the others must shrink for it), tells every replica, whose streams holding the bucket
+    -- answer at once rather than at their own next reports (only a report tells: a push never
+    -- does, so one report starts one round).
+    IF p_report AND (freed OR granted < 0.9 * least(coalesce(mine.demand, 'Infinity'), level, capacity)) THEN
+        PERFORM pg_notify('plexsphere_quota', p_key::text);
+    END IF;
 END
 $$;
 

@@ -125,12 +125,21 @@ async fn a_newcomer_waits_for_the_share_another_gives_back_until_a_report_proves
 }
 
 #[sqlx::test(migrator = "app::migrations::MIGRATOR")]
-async fn a_report_that_crosses_an_assignment_is_answered_with_nothing(pool: PgPool) {
+async fn a_report_that_crosses_an_assignment_does_not_prove_it_arrived(pool: PgPool) {
     let holders = Holders::new(pool, budget(100.0, 50.0));
-    let holder = Uuid::new_v4();
-    holders.report(holder, 1, 0).await;
-    // Within the round trip of the send: the Envoy may not have it yet.
-    assert_eq!(holders.report(holder, 10, 1).await.decision, Allotment::Unchanged);
+    let (old, new) = (Uuid::new_v4(), Uuid::new_v4());
+    holders.report(old, 1, 0).await;
+    after(Duration::from_millis(50)).await;
+    holders.report(new, 1, 0).await;
+    holders.report(old, 500, 1).await;
+    // Within the round trip of that send (a shrink to half), a report may have left before it
+    // arrived: it is answered, and the full share it may still be using keeps counting.
+    assert_eq!(tokens(holders.report(old, 500, 1).await).1, 49);
+    assert_eq!(holders.counted().await.0, 99.0);
+    assert_eq!(holders.report(new, 500, 1).await.decision, Allotment::Deny);
+    after(Duration::from_millis(50)).await;
+    holders.report(old, 500, 1).await;
+    assert_eq!(tokens(holders.report(new, 500, 1).await).1, 49);
 }
 
 #[sqlx::test(migrator = "app::migrations::MIGRATOR")]

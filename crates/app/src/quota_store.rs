@@ -32,7 +32,7 @@ impl QuotaStore for PgQuotaStore {
             Some(usage) => (usage.allowed.saturating_add(usage.denied), usage.elapsed.as_secs_f64()),
             None => (0, 0.0),
         };
-        // A decision that sends nothing leaves the share's numbers NULL.
+        // An abandon leaves the share's numbers NULL.
         type Row = (String, Option<i64>, Option<i64>, Option<f64>, Option<f64>);
         let (decision, max_tokens, tokens_per_fill, prior_rate, prior_burst): Row = sqlx::query_as(ASSIGN)
             .bind(budget.key.as_uuid())
@@ -61,7 +61,6 @@ impl QuotaStore for PgQuotaStore {
                 tokens_per_fill: whole(tokens_per_fill),
             },
             "deny" => Allotment::Deny,
-            "unchanged" => Allotment::Unchanged,
             "abandon" => Allotment::Abandon,
             other => return Err(format!("quota_assign answered an unknown decision {other:?}").into()),
         };

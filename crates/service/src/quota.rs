@@ -189,8 +189,6 @@ pub enum Allotment {
     },
     /// No share can be granted now.
     Deny,
-    /// The report crossed the last assignment: nothing is sent.
-    Unchanged,
     /// No demand for a while: abandon the bucket.
     Abandon,
 }
@@ -421,7 +419,6 @@ impl QuotaService {
                 }
             }
             return Ok(match allotted.decision {
-                Allotment::Unchanged => None,
                 Allotment::Abandon => Some(Assignment::Abandon),
                 Allotment::TokenBucket { .. } | Allotment::Deny => Some(Assignment::AllowAll { ttl }),
             });
@@ -434,7 +431,6 @@ impl QuotaService {
                 ttl,
             }),
             Allotment::Deny => Some(Assignment::DenyAll { ttl }),
-            Allotment::Unchanged => None,
             Allotment::Abandon => Some(Assignment::Abandon),
         })
     }

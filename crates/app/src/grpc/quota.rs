@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
@@ -82,18 +82,21 @@ pub struct QuotaServer {
     quota: QuotaService,
     callers: Callers,
     observer: Arc<dyn StreamObserver>,
+    rebalances: broadcast::Sender<Uuid>,
     shutdown: CancellationToken,
 }
 
 impl QuotaServer {
-    /// Assigns with `quota` for `callers`; every stream says goodbye on `shutdown`.
+    /// Assigns with `quota` for `callers`; every stream holding a bucket `rebalances` names
+    /// decides it again at once, and says goodbye on `shutdown`.
     pub fn new(
         quota: QuotaService,
         callers: Callers,
         observer: Arc<dyn StreamObserver>,
+        rebalances: broadcast::Sender<Uuid>,
         shutdown: CancellationToken,
     ) -> QuotaServer {
-        QuotaServer { quota, callers, observer, shutdown }
+        QuotaServer { quota, callers, observer, rebalances, shutdown }
     }
 }
 
@@ -119,6 +122,7 @@ impl RateLimitQuotaService for QuotaServer {
             holding: Holding::default(),
             answers,
             observer: self.observer.clone(),
+            rebalances: Some(self.rebalances.subscribe()),
         };
         tokio::spawn(stream.run(reports, self.shutdown.clone()));
         Ok(Response::new(ReceiverStream::new(answered)))
@@ -144,6 +148,8 @@ struct QuotaStream {
     holding: Holding,
     answers: Answers,
     observer: Arc<dyn StreamObserver>,
+    /// Buckets to decide again now; `None` once the replica stopped announcing.
+    rebalances: Option<broadcast::Receiver<Uuid>>,
 }
 
 impl QuotaStream {
@@ -171,6 +177,12 @@ impl QuotaStream {
                         tracing::debug!(holder = %self.holder, %status, "an RLQS stream broke");
                         break;
                     }
+                },
+                heard = heard(&mut self.rebalances) => match heard {
+                    Ok(key) => self.rebalance(key).await,
+                    // Missed some: each bucket still gets its answer at its next report.
+                    Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => self.rebalances = None,
                 },
                 _ = rules_checked.tick() => {
                     let now = self.quota.revision();
@@ -269,6 +281,23 @@ impl QuotaStream {
         self.answer(actions).await;
     }
 
+    /// Another holder's report freed capacity of bucket `key`, or needs it: this stream's
+    /// share of it is decided again and sent now.
+    async fn rebalance(&mut self, key: Uuid) {
+        let Some(domain) = self.domain.clone() else { return };
+        let mut actions = Vec::new();
+        for held in self.buckets.values_mut() {
+            if !matches!(&held.governance, Governance::Budget(budget) if budget.key.as_uuid() == key) {
+                continue;
+            }
+            let assigned = self.quota.assign_governed(&domain, &held.governance, self.holder, None).await;
+            if let Some(action) = Self::settle(held, assigned, self.holder) {
+                actions.push(action);
+            }
+        }
+        self.answer(actions).await;
+    }
+
     /// The action for what was assigned, remembering it; none when nothing is sent.
     fn settle(
         held: &mut Held,
@@ -325,6 +354,16 @@ impl QuotaStream {
         if !actions.is_empty() {
             let _ = self.answers.send(Ok(RateLimitQuotaResponse { bucket_action: actions })).await;
         }
+    }
+}
+
+/// The next bucket announced, or never once announcements stopped.
+async fn heard(
+    rebalances: &mut Option<broadcast::Receiver<Uuid>>,
+) -> Result<Uuid, broadcast::error::RecvError> {
+    match rebalances {
+        Some(receiver) => receiver.recv().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -165,3 +165,26 @@ impl Follower for Resets {
         self.0.hear_reset(payload);
     }
 }
+
+/// The RLQS allocator's announcements: a bucket whose shares should be decided again now (a
+/// report freed capacity, or found its holder short of its fair share). Every stream holding
+/// the bucket hears it and answers at once. Unheard (the listener down), each waits for its
+/// own next report instead: slower, never more than the rule.
+pub struct QuotaRebalances(pub tokio::sync::broadcast::Sender<uuid::Uuid>);
+
+impl Follower for QuotaRebalances {
+    fn channel(&self) -> &'static str {
+        "plexsphere_quota"
+    }
+
+    fn resume(&self) {}
+
+    fn suspend(&self) {}
+
+    fn apply(&self, payload: &str) {
+        if let Ok(key) = payload.parse() {
+            // No stream listening is no one to tell.
+            let _ = self.0.send(key);
+        }
+    }
+}

@@ -26,7 +26,7 @@ use crate::observation::fill::FillHistory;
 use crate::observation::metrics::Metrics;
 use crate::observation::observer::DecisionObserver;
 use crate::observation::otlp::OtlpExport;
-use crate::runtime::followers::{self, Resets, Revocations, SecretChanges};
+use crate::runtime::followers::{self, QuotaRebalances, Resets, Revocations, SecretChanges};
 use crate::runtime::leader::{self, LeaderLookup, LeaderTiming, Leadership};
 use crate::runtime::readiness::Readiness;
 use crate::runtime::{listener, rules_dir, sweep};
@@ -324,8 +324,15 @@ impl Application {
             config.quota,
             grpc_addr.map_or_else(|| local_addr.to_string(), |address| address.to_string()),
         );
-        let quota_server =
-            grpc::quota::QuotaServer::new(quota, callers, Arc::new(metrics.clone()), shutdown.clone());
+        // Buckets to decide again now, heard by the listener from any replica's reports.
+        let (rebalances, _) = tokio::sync::broadcast::channel(1024);
+        let quota_server = grpc::quota::QuotaServer::new(
+            quota,
+            callers,
+            Arc::new(metrics.clone()),
+            rebalances.clone(),
+            shutdown.clone(),
+        );
         // After the bind, the other step that can fail, and before the loops start: an export
         // dropped by a failed build would push once more, blocking the runtime meanwhile.
         let otlp = config
@@ -358,6 +365,7 @@ impl Application {
         followers.push(Box::new(Resets(guard.clone())));
         followers.push(Box::new(Revocations { cache: credentials, metrics: metrics.clone() }));
         followers.push(Box::new(SecretChanges(secret_cache, metrics.clone())));
+        followers.push(Box::new(QuotaRebalances(rebalances.clone())));
         let rules = service::follow(
             rule_budgets.clone(),
             sources.clone(),

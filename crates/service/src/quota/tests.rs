@@ -182,18 +182,6 @@ async fn a_shadow_rule_allows_all_and_counts_what_the_share_would_have_refused()
 }
 
 #[tokio::test]
-async fn a_report_that_crossed_an_assignment_is_answered_with_nothing() {
-    let mut store = MockStore::new();
-    store
-        .expect_assign()
-        .returning(|_| Ok(Allotted { decision: Allotment::Unchanged, prior_rate: 0.0, prior_burst: 0.0 }));
-    let quota = service_with(store, Arc::default(), vec![checkout_rule(None)]);
-    let id = bucket(&[("api", "POST /pay"), ("tenant", "acme")]);
-    let usage = Usage { allowed: 1, denied: 0, elapsed: Duration::from_secs(5) };
-    assert_eq!(quota.assign("checkout", &id, Uuid::new_v4(), Some(usage)).await.unwrap(), None);
-}
-
-#[tokio::test]
 async fn a_caller_may_only_ask_for_the_services_its_token_names() {
     let quota = service_with(MockStore::new(), Arc::default(), Vec::new());
     let only = rules::Services::Only(vec!["checkout".to_owned()].into());
