@@ -2,7 +2,8 @@
 //! a real PostgreSQL: what every holder may still use never sums over the rule, a shrink
 //! counts at the old share until a report proves it arrived, a newcomer gets the share the
 //! others give back, a closed stream's share counts until it expires, and the pool pays for
-//! every token bucket an Envoy builds full.
+//! every token bucket an Envoy builds full; and the operator's listing of a service's buckets
+//! shows each holder's share and what it counts.
 
 use std::time::Duration;
 
