@@ -34,6 +34,7 @@ mod migrations;
 mod named_limits;
 mod otlp_export;
 mod plans;
+mod quota_api;
 mod quota_store;
 mod ratebudget_store;
 mod readme;

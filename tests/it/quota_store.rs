@@ -2,7 +2,8 @@
 //! a real PostgreSQL: what every holder may still use never sums over the rule, a shrink
 //! counts at the old share until a report proves it arrived, a newcomer gets the share the
 //! others give back, a closed stream's share counts until it expires, and the pool pays for
-//! every token bucket an Envoy builds full.
+//! every token bucket an Envoy builds full; and the operator's listing of a service's buckets
+//! shows each holder's share and what it counts.
 
 use std::time::Duration;
 
@@ -274,4 +275,51 @@ async fn a_bucket_without_demand_for_a_while_is_abandoned_and_comes_back_as_a_ne
         .await
         .unwrap();
     assert!(matches!(back.decision, Allotment::TokenBucket { .. }), "{back:?}");
+}
+
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
+async fn the_operator_listing_shows_each_holder_with_its_share_and_what_it_counts_now(pool: PgPool) {
+    // Issue 35 item 5: the operator page lists a service's RLQS buckets with their holders.
+    let holders = Holders::new(pool, budget(100.0, 50.0));
+    let (first, second) = (Uuid::from_u64_pair(0, 1), Uuid::from_u64_pair(0, 2));
+    let first_share = tokens(holders.report(first, 1, 0).await);
+    holders.store.close(first).await.unwrap();
+    // The closed stream's share still counts, so the newcomer is denied: a share of zero.
+    assert_eq!(holders.report(second, 1, 0).await.decision, Allotment::Deny);
+    // Another service's bucket, which the listing of this one leaves out.
+    let request = ShareRequest {
+        service: "billing".into(),
+        budget: Budget { key: Key::from(Uuid::from_u64_pair(0, 8)), ..budget(10.0, 5.0) },
+        holder: Uuid::new_v4(),
+        replica: "replica-b".into(),
+        usage: None,
+        settings: settings(),
+    };
+    holders.store.assign(&request).await.unwrap();
+
+    let listed = holders.store.buckets("shop").await.unwrap();
+    assert_eq!(listed.len(), 1, "only the service's own buckets: {listed:?}");
+    let bucket = &listed[0];
+    assert_eq!(
+        (bucket.key, bucket.rule_id.as_str(), bucket.rate, bucket.burst),
+        (holders.budget.key, "checkout", 100.0, 50.0)
+    );
+    assert!((bucket.pool - 6.0).abs() < 1e-6, "the pool paid for the first bucket: {}", bucket.pool);
+    let shares: Vec<_> = bucket.holders.iter().map(|holder| holder.holder).collect();
+    assert_eq!(shares, [first, second], "{bucket:?}");
+    let closed = &bucket.holders[0];
+    assert_eq!(
+        (closed.replica.as_str(), closed.demand, closed.rate, closed.max_tokens),
+        ("replica-a", None, f64::from(first_share.1), f64::from(first_share.0))
+    );
+    assert_eq!((closed.counted_rate, closed.counted_burst, closed.closed), (99.0, 44.0, true));
+    let (sent_at, expires_at) = (closed.sent_at.unwrap(), closed.expires_at.unwrap());
+    // Its TTL (1 s) and the round trip (20 ms).
+    assert_eq!(expires_at - sent_at, chrono::Duration::milliseconds(1020));
+    let denied = &bucket.holders[1];
+    assert_eq!(
+        (denied.rate, denied.max_tokens, denied.counted_rate, denied.counted_burst, denied.closed),
+        (0.0, 0.0, 0.0, 0.0, false)
+    );
+    assert!(holders.store.buckets("nobody").await.unwrap().is_empty());
 }

@@ -164,7 +164,7 @@ fn text(markup: &str) -> String {
 
 #[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn the_operator_page_shows_buckets_decisions_rules_and_the_leader_in_headless_chromium(
-    _: PgPoolOptions,
+    pool_options: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
     let chromium = Chromium::new();
@@ -223,6 +223,26 @@ async fn the_operator_page_shows_buckets_decisions_rules_and_the_leader_in_headl
         })
     })
     .await;
+    // An Envoy's RLQS share of one of the service's buckets, as a replica's stream counts it.
+    let pool = pool_options.connect_with(connect.clone()).await.unwrap();
+    let quota = app::quota_store::PgQuotaStore::new(ratebudget::Statements::new(pool));
+    let envoy = uuid::Uuid::from_u64_pair(0, 42);
+    let report = service::quota::ShareRequest {
+        service: "directory".into(),
+        budget: service::quota::Budget {
+            key: ratebudget::Key::from(uuid::Uuid::from_u64_pair(0, 7)),
+            rule_id: "dir-users".into(),
+            rate: 1.0,
+            burst: 2.0,
+            fill_seconds: 60,
+            shadow: false,
+        },
+        holder: envoy,
+        replica: "10.0.0.9:8081".into(),
+        usage: None,
+        settings: service::quota::QuotaSettings::default(),
+    };
+    service::quota::QuotaStore::assign(&quota, &report).await.unwrap();
     // The only replica leads once its elector has had its first poll.
     eventually(Duration::from_secs(20), "the service leads", || async { api.leader_gauge().await == 1 })
         .await;
@@ -275,6 +295,12 @@ async fn the_operator_page_shows_buckets_decisions_rules_and_the_leader_in_headl
     assert!(row_text.contains("GET /v1/users") && row_text.contains("tenant=*"), "{row}");
     assert_eq!(text(element(row, r#"class="num granted""#, "", "</td>")), "2", "{row}");
     assert_eq!(text(element(row, r#"class="num refused""#, "", "</td>")), "1", "{row}");
+
+    // The service's RLQS buckets: the Envoy's share, on its replica.
+    let share = element(&dom, r#"id="quota-buckets""#, &format!(r#"data-holder="{envoy}""#), "</tr>");
+    let share_text = text(share);
+    assert!(share_text.contains("dir-users") && share_text.contains("10.0.0.9:8081"), "{share}");
+    assert!(share_text.contains("open") && share_text.contains("new"), "{share}");
 
     let screenshot = artefacts().join("ui.png");
     chromium.screenshot(&url, &screenshot).await;

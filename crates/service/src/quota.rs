@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use ratebudget::{BoxError, Key};
 use rules::{PathLimit, Services};
 use uuid::Uuid;
@@ -210,6 +211,53 @@ pub struct ShareRequest {
     pub settings: QuotaSettings,
 }
 
+/// One RLQS bucket of a service as the store holds it, for the operator: the rule as last
+/// assigned by, its pool, and every holder's share.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuotaBucket {
+    /// The bucket, as `ShouldRateLimit` keys it.
+    pub key: Key,
+    /// The rule it was last assigned by.
+    pub rule_id: String,
+    /// That rule's tokens a second.
+    pub rate: f64,
+    /// Its burst.
+    pub burst: f64,
+    /// The pool's tokens at `pool_at` (it accrues only as a report or a push is decided, so
+    /// the stored value is what the store last counted, not the level now).
+    pub pool: f64,
+    /// When the pool was last counted.
+    pub pool_at: DateTime<Utc>,
+    /// Its holders, by replica, then holder.
+    pub holders: Vec<QuotaHolder>,
+}
+
+/// One holder's share of a [`QuotaBucket`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuotaHolder {
+    /// The holder: one Envoy's stream.
+    pub holder: Uuid,
+    /// The replica serving it.
+    pub replica: String,
+    /// Requests a second over its last report (`None`: a newcomer, not known yet).
+    pub demand: Option<f64>,
+    /// The assignment last sent, tokens a second (0: DENY_ALL, or none sent).
+    pub rate: f64,
+    /// Its max_tokens.
+    pub max_tokens: f64,
+    /// What the share counts against the rule now, tokens a second: the larger of the last
+    /// assignment and any older one the Envoy may still be using.
+    pub counted_rate: f64,
+    /// And tokens.
+    pub counted_burst: f64,
+    /// When the last assignment was sent (`None`: never).
+    pub sent_at: Option<DateTime<Utc>>,
+    /// After when nothing it was sent can be used.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Whether its stream ended (or the bucket was abandoned): it takes no new share.
+    pub closed: bool,
+}
+
 /// Where shares are counted: one statement a report of a bucket, shared by every replica.
 #[async_trait]
 pub trait QuotaStore: Send + Sync {
@@ -218,6 +266,12 @@ pub trait QuotaStore: Send + Sync {
 
     /// `holder`'s stream ended: its shares take no new demand and count until they expire.
     async fn close(&self, holder: Uuid) -> Result<(), BoxError>;
+
+    /// `service`'s buckets with their holders, by key, each share counted at the store's now.
+    ///
+    /// # Errors
+    /// When the store cannot answer; an unknown service MUST be an empty list, not an error.
+    async fn buckets(&self, service: &str) -> Result<Vec<QuotaBucket>, BoxError>;
 }
 
 /// What the allocator tells the metrics.
@@ -441,6 +495,15 @@ impl QuotaService {
     /// When the store could not record it (its shares then count until they expire anyway).
     pub async fn close(&self, holder: Uuid) -> Result<(), QuotaError> {
         self.store.close(holder).await.map_err(QuotaError::Store)
+    }
+
+    /// `service`'s RLQS buckets and every holder's share, as every replica counts them, for
+    /// the operator.
+    ///
+    /// # Errors
+    /// [`QuotaError::Store`] when the store could not answer.
+    pub async fn buckets(&self, service: &str) -> Result<Vec<QuotaBucket>, QuotaError> {
+        self.store.buckets(service).await.map_err(QuotaError::Store)
     }
 }
 

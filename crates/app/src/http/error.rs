@@ -413,6 +413,19 @@ impl From<service::NotLoaded> for ApiError {
     }
 }
 
+impl From<service::quota::QuotaError> for ApiError {
+    fn from(error: service::quota::QuotaError) -> Self {
+        use service::quota::QuotaError;
+        match error {
+            forbidden @ QuotaError::Forbidden { .. } => {
+                ApiError::Forbidden { message: forbidden.to_string() }
+            }
+            QuotaError::NotLoaded(not_loaded) => not_loaded.into(),
+            store @ QuotaError::Store(_) => ApiError::internal(store),
+        }
+    }
+}
+
 impl From<crate::edge::database_time::OutOfDatabaseTime> for ApiError {
     fn from(out_of_time: crate::edge::database_time::OutOfDatabaseTime) -> Self {
         ApiError::DatabaseTimeout { during: out_of_time.during, after: out_of_time.after }

@@ -14,6 +14,7 @@ mod node;
 mod operator;
 mod overview;
 pub mod probes;
+mod quota_routes;
 pub mod rate_limit_headers;
 mod rule_routes;
 pub mod server;
@@ -97,6 +98,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/rules/{rule_id}/usage", get(rule_routes::rule_usage))
         .route("/v1/status", get(overview::status))
         .route("/v1/fill/{key}", get(overview::fill))
+        .route("/v1/quota/buckets", get(quota_routes::buckets))
         .route("/v1/decide", post(decide::decide))
         .route("/v1/decide/reset", post(decide::reset))
         .route("/v1/snapshot", get(decide::snapshot))

@@ -88,6 +88,8 @@ pub struct Handles {
     pub fill: FillHistory,
     /// Who holds the leader lock, for `/v1/status`.
     pub leader: LeaderLookup,
+    /// The RLQS allocator, for `/v1/quota/buckets`: its shares as every replica counts them.
+    pub quota: service::quota::QuotaService,
 }
 
 impl AppState {

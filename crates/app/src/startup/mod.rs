@@ -267,6 +267,30 @@ impl Application {
             Operations::new(api_access.clone(), api_rules.clone(), audit.clone(), Arc::new(store.clone()))
                 .on_replica(Replica { budgets: rule_budgets.clone(), precheck: guard.clone() });
         let rules_dir_operations = operations.clone();
+        // Bound before the state is made: the allocator names this replica by its address, and
+        // the operator routes list its shares.
+        let listener = tokio::net::TcpListener::bind(config.http.listen)
+            .await
+            .with_context(|| format!("failed to listen on {}", config.http.listen))?;
+        let local_addr = listener.local_addr()?;
+        let grpc_listener = match config.grpc_listen {
+            Some(address) => Some(
+                grpc::bind(address)
+                    .await
+                    .with_context(|| format!("failed to listen for gRPC on {address}"))?,
+            ),
+            None => None,
+        };
+        let grpc_addr = grpc_listener.as_ref().map(tokio::net::TcpListener::local_addr).transpose()?;
+        // RLQS shares are counted on the API's statements: one a report of a bucket, by every
+        // replica alike, each holder named by its stream and the replica by its gRPC address.
+        let quota = service::quota::QuotaService::new(
+            rule_budgets.clone(),
+            Arc::new(crate::quota_store::PgQuotaStore::new(api_statements.clone())),
+            Arc::new(metrics.clone()),
+            config.quota,
+            grpc_addr.map_or_else(|| local_addr.to_string(), |address| address.to_string()),
+        );
         let state = AppState::new(Handles {
             access: api_access,
             secrets: bind_secrets(&config, &api_statements, &spender, &secret_cache),
@@ -297,33 +321,12 @@ impl Application {
             rule_budgets: rule_budgets.clone(),
             fill,
             leader: LeaderLookup::new(api_pool.clone()),
+            quota: quota.clone(),
         });
 
         let state_pools = (api_pool, store.clone(), background_pool.clone());
-        let listener = tokio::net::TcpListener::bind(config.http.listen)
-            .await
-            .with_context(|| format!("failed to listen on {}", config.http.listen))?;
-        let local_addr = listener.local_addr()?;
-        let grpc_listener = match config.grpc_listen {
-            Some(address) => Some(
-                grpc::bind(address)
-                    .await
-                    .with_context(|| format!("failed to listen for gRPC on {address}"))?,
-            ),
-            None => None,
-        };
-        let grpc_addr = grpc_listener.as_ref().map(tokio::net::TcpListener::local_addr).transpose()?;
         let callers = grpc::Callers::new(decide_tokens, state.throttle.clone());
         let grpc_server = grpc::RateLimitServer::new(decide, callers.clone(), database_time);
-        // RLQS shares are counted on the API's statements: one a report of a bucket, by every
-        // replica alike, each holder named by its stream and the replica by its gRPC address.
-        let quota = service::quota::QuotaService::new(
-            rule_budgets.clone(),
-            Arc::new(crate::quota_store::PgQuotaStore::new(api_statements.clone())),
-            Arc::new(metrics.clone()),
-            config.quota,
-            grpc_addr.map_or_else(|| local_addr.to_string(), |address| address.to_string()),
-        );
         // Buckets to decide again now, heard by the listener from any replica's reports.
         let (rebalances, _) = tokio::sync::broadcast::channel(1024);
         let quota_server = grpc::quota::QuotaServer::new(

@@ -18,6 +18,7 @@ mockall::mock! {
     impl QuotaStore for Store {
         async fn assign(&self, request: &ShareRequest) -> Result<Allotted, BoxError>;
         async fn close(&self, holder: Uuid) -> Result<(), BoxError>;
+        async fn buckets(&self, service: &str) -> Result<Vec<QuotaBucket>, BoxError>;
     }
 }
 
@@ -205,4 +206,29 @@ fn a_goodbye_keeps_the_strategy_and_expires_at_once() {
     };
     assert_eq!(bucket.expiring_now(), goodbye);
     assert_eq!(bucket.rate(), Some(1.0));
+}
+
+#[tokio::test]
+async fn the_operator_listing_is_the_stores_for_the_service_asked_and_its_failure_a_store_error() {
+    // Issue 35 item 5: the operator page lists a service's RLQS buckets.
+    let listed = QuotaBucket {
+        key: Key::from(Uuid::from_u64_pair(0, 7)),
+        rule_id: "checkout-rule".into(),
+        rate: 100.0,
+        burst: 100.0,
+        pool: 10.0,
+        pool_at: chrono::DateTime::UNIX_EPOCH,
+        holders: Vec::new(),
+    };
+    let mut store = MockStore::new();
+    let answer = listed.clone();
+    store
+        .expect_buckets()
+        .withf(|service| service == "checkout")
+        .times(1)
+        .returning(move |_| Ok(vec![answer.clone()]));
+    store.expect_buckets().withf(|service| service == "billing").times(1).returning(|_| Err("down".into()));
+    let quota = service_with(store, Arc::default(), Vec::new());
+    assert_eq!(quota.buckets("checkout").await.unwrap(), vec![listed]);
+    assert!(matches!(quota.buckets("billing").await, Err(QuotaError::Store(_))));
 }

@@ -303,6 +303,50 @@
     $("service-rules").tBodies[0].replaceWith(body);
   }
 
+  // "in 11 s" or "3 s ago", by this browser's clock (the exact instant is the cell's title).
+  function fromNow(at) {
+    if (!at) return "–";
+    const seconds = Math.round((Date.parse(at) - Date.now()) / 1000);
+    return seconds >= 0 ? "in " + seconds + " s" : -seconds + " s ago";
+  }
+
+  // A service's RLQS buckets: one row a holder, the bucket's own cells spanning its holders.
+  async function renderQuota(service) {
+    const listing = await api("/v1/quota/buckets?service=" + encodeURIComponent(service));
+    $("quota-none").hidden = listing.buckets.length > 0;
+    const body = el("tbody");
+    for (const bucket of listing.buckets) {
+      const span = Math.max(1, bucket.holders.length);
+      const bucketCells = [
+        el("td", { class: "rule-id", rowspan: span }, bucket.rule_id),
+        el("td", { rowspan: span, title: bucket.key }, bucket.key.slice(0, 8)),
+        el("td", { class: "num", rowspan: span }, formatNumber(bucket.rate)),
+        el("td", { class: "num", rowspan: span }, formatNumber(bucket.burst)),
+        el("td", { class: "num", rowspan: span, title: "at " + bucket.pool_at }, formatNumber(bucket.pool)),
+      ];
+      if (bucket.holders.length === 0) {
+        body.append(el("tr", { "data-bucket": bucket.key }, ...bucketCells, el("td", { class: "muted", colspan: 9 }, "no holders")));
+        continue;
+      }
+      bucket.holders.forEach((holder, index) => {
+        // A closed stream's share counts until it expires; a share of nothing is a DENY_ALL.
+        const state = holder.closed ? "muted" : (holder.max_tokens === 0 ? "warn" : undefined);
+        body.append(el("tr", { "data-bucket": bucket.key, "data-holder": holder.holder, class: state },
+          ...(index === 0 ? bucketCells : []),
+          el("td", {}, holder.replica),
+          el("td", { title: holder.holder }, holder.holder.slice(0, 8)),
+          el("td", { class: "num demand" }, holder.demand === null ? "new" : formatNumber(holder.demand)),
+          el("td", { class: "num assigned" }, formatNumber(holder.rate)),
+          el("td", { class: "num max-tokens" }, formatNumber(holder.max_tokens)),
+          el("td", { class: "num counted" }, formatNumber(holder.counted_rate)),
+          el("td", { class: "num counted-burst" }, formatNumber(holder.counted_burst)),
+          el("td", { class: "expires", title: holder.expires_at || "" }, fromNow(holder.expires_at)),
+          el("td", { class: "closed" }, holder.closed ? "closed" : "open")));
+      });
+    }
+    $("quota-buckets").tBodies[0].replaceWith(body);
+  }
+
   async function refresh() {
     // One refresh at a time: a slow replica must not pile requests up.
     if (pending) return pending;
@@ -322,6 +366,7 @@
         const service = $("service").value.trim();
         if (service) {
           await renderService(service);
+          await renderQuota(service);
         } else {
           $("service-view").hidden = true;
         }
