@@ -198,9 +198,13 @@ BEGIN
         IF mine.idle_since IS NOT NULL AND at - mine.idle_since >= make_interval(secs => p_idle_after) THEN
             -- No demand for a while: the Envoy erases the bucket, and what it was sent counts
             -- until it expires.
+            -- What it was last sent becomes the old share, counted until it expires; it holds
+            -- no bucket any more, so the next one it is sent is built full and paid for.
             UPDATE plexsphere.quota_shares s
             SET demand = mine.demand, idle_since = mine.idle_since, reported_at = mine.reported_at,
-                old_rate = 0, old_burst = 0, old_until = NULL, closed_at = at
+                old_rate = CASE WHEN s.expires_at > at THEN s.tokens_per_fill::double precision / s.fill_seconds ELSE 0 END,
+                old_burst = CASE WHEN s.expires_at > at THEN s.burst ELSE 0 END,
+                old_until = s.expires_at, tokens_per_fill = 0, burst = 0, closed_at = at
             WHERE s.key = p_key AND s.holder = p_holder;
             UPDATE plexsphere.quota_buckets b SET rate = p_rate, burst = p_burst, pool = bucket.pool, pool_at = at
             WHERE b.key = p_key;
@@ -304,6 +308,8 @@ END
 $$;
 
 -- A stream ended: its shares take no new demand, and count until what they were sent expires.
+-- Even after a goodbye (every assignment again with a TTL of zero): nothing says it arrived,
+-- and an Envoy that missed it enforces its last assignment until the TTL.
 CREATE FUNCTION plexsphere.quota_close(p_holder uuid) RETURNS void
 LANGUAGE sql AS $$
     UPDATE plexsphere.quota_shares SET closed_at = clock_timestamp()

@@ -379,3 +379,76 @@ async fn a_newcomer_gets_a_share_within_an_interval_and_an_idle_envoy_gives_its_
     a.stop().await;
     b.stop().await;
 }
+
+/// The store cannot answer: no assignment is sent (the Envoy keeps its last one until its TTL,
+/// then falls back to its own no-assignment behaviour, DENY_ALL here), the stream stays open,
+/// and the failures are counted. An error is never an admission here either.
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
+async fn a_store_that_cannot_answer_sends_nothing_and_the_last_assignment_lapses_at_its_ttl(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    use crate::support::proxy::{Mode, Proxy};
+    use std::net::ToSocketAddrs;
+    let upstream = (connect.get_host(), connect.get_port()).to_socket_addrs().unwrap().next().unwrap();
+    let proxy = Proxy::start(upstream).await;
+    let through_proxy = connect.clone().host("127.0.0.1").port(proxy.address().port());
+    let a = replica(&through_proxy).await;
+    put_rule(&a, 100.0, 20.0).await;
+    let api = (*a).clone();
+    let run = tokio::spawn(grpc::envoys(json!({
+        "duration_s": 14, "tick_ms": 10,
+        "envoys": [envoy("e1", &a, 200.0, json!({}))],
+    })));
+    eventually(std::time::Duration::from_secs(6), "the Envoy holds a token bucket", || async {
+        api.metric("plexsphere_rlqs_buckets_assigned").await.is_some_and(|held| held >= 1.0)
+    })
+    .await;
+    // The fault's own moment in the scenario, after the Envoy had reported twice.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    proxy.set(Mode::Severed);
+    let severed_unix =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    let done = run.await.unwrap();
+    let severed_ms = ((severed_unix - done["started_unix"].as_f64().unwrap()) * 1000.0) as i64;
+    let sent = assignments(&done, "e1");
+    let last = sent.last().unwrap();
+    let last_ms = last["t_ms"].as_i64().unwrap();
+    assert!(
+        last_ms <= severed_ms + 200,
+        "an assignment at {last_ms} ms, after the store went away at {severed_ms}"
+    );
+    let e1 = &done["envoys"][0];
+    let reports_after = e1["reports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|report| report[0].as_i64().unwrap() > severed_ms)
+        .count();
+    assert!(reports_after >= 2, "the Envoy kept reporting: {}", e1["reports"]);
+    let ttl_ms = TTL_S.parse::<i64>().unwrap() * 1000;
+    let lapsed = e1["expiries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|expiry| expiry[0].as_i64().unwrap())
+        .find(|at| *at > last_ms);
+    assert!(
+        lapsed.is_some_and(|at| (at - last_ms - ttl_ms).abs() <= 50),
+        "its last assignment lapsed at {lapsed:?}, sent at {last_ms}"
+    );
+    // After it lapsed, DENY_ALL: nothing admitted.
+    let admitted_after: i64 = e1["admitted"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|row| row[0].as_i64().unwrap() > lapsed.unwrap())
+        .map(|row| row[2].as_i64().unwrap())
+        .sum();
+    assert_eq!(admitted_after, 0);
+    assert_eq!(e1["streams"][0]["status"], Value::Null, "the stream stays open: {}", e1["streams"]);
+    let errors = api.metric("plexsphere_rlqs_store_errors_total{service=\"shop\"}").await;
+    assert!(errors.is_some_and(|errors| errors >= 2.0), "{errors:?}");
+    proxy.set(Mode::Open);
+    a.stop().await;
+}
