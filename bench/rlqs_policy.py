@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Discrete-time simulation of plexsphere's RLQS allocator policy (server) against Envoy's
-rate_limit_quota filter (client, as /work/shared/ENVOY-RLQS.md describes it).
+rate_limit_quota filter (client, as Envoy's source has it: docs/adr/0041).
 
 Why this exists: an RLQS server never sees a request; every Envoy decides alone from the token
 bucket it was last assigned. The policy below must keep the sum of all Envoys' admissions within

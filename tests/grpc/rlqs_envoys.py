@@ -1,8 +1,9 @@
 """Simulated Envoys speaking the Rate Limit Quota Service protocol, for the tests.
 
 Each simulated Envoy does what Envoy's `rate_limit_quota` HTTP filter does with an RLQS server,
-as /work/shared/ENVOY-RLQS.md reads it from Envoy's source (where Envoy's code and the protos'
-comments disagree, this does what the code does). Built on grpcio and Envoy's protos compiled by
+as Envoy's source has it (source/extensions/filters/http/rate_limit_quota/ at upstream commit
+cb2a49b09e; where Envoy's code and the protos' comments disagree, this does what the code does;
+docs/adr/0041 lists the details that decide exactness). Built on grpcio and Envoy's protos compiled by
 tests/grpc/setup.sh, independently of the server's generated code. Run it on the python that
 setup.sh prints. Reads one JSON object from standard input:
 

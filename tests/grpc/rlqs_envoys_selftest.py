@@ -1,6 +1,6 @@
 """Self-test of tests/grpc/rlqs_envoys.py, the simulated Envoys; needs no plexsphere server.
 
-The model's rules (ENVOY-RLQS.md) are checked in-process, given clock values: the token bucket
+The model's rules (Envoy's source, as rlqs_envoys.py's docstring says) are checked in-process, given clock values: the token bucket
 (an equal assignment keeps its tokens, another carries the remaining share over, a fill
 interval and a TTL count in whole seconds), the handling of each kind of bucket action, expiry
 and the expired fallback, reports and stream breaks. Then the script's gRPC streams run end to
