@@ -11,7 +11,9 @@
 #    same requests as they arrived).
 # 2. Reports: 3 Envoys with BUCKETS buckets each under a light load: calls of
 #    plexsphere.quota_assign (PostgreSQL's own count, track_functions) per bucket reported a
-#    report interval, and the replicas' and PostgreSQL's CPU a report of a bucket.
+#    report interval, and the replicas' and PostgreSQL's CPU a report of a bucket, after the
+#    first 20 s (each bucket's first reports: its holders arrive as newcomers the others are
+#    told to shrink for, a few pushes each).
 #
 #   bash bench/rlqs.sh
 #
@@ -28,6 +30,7 @@ rate="${RATE:-1000}"
 burst="${BURST:-100}"
 load="${LOAD:-2000}"
 buckets="${BUCKETS:-50}"
+warm=20
 operator=bench-operator-token-0123456789
 token=bench-rlqs-token-0123456789
 work=$(mktemp -d)
@@ -116,16 +119,21 @@ PY
 
 echo "run 1: 3 Envoys, one bucket, $load requests a second each, ${seconds}s..." >&2
 envoys 1 "$load" "$work/admissions.json"
-echo "run 2: 3 Envoys, $buckets buckets each, ${seconds}s..." >&2
+echo "run 2: 3 Envoys, $buckets buckets each, ${seconds}s (counted after the first ${warm}s)..." >&2
+envoys "$buckets" 2 "$work/reports.json" &
+run=$!
+# Counted in the steady state: every bucket's first reports (each holder a newcomer the others
+# shrink for) are the warm-up.
+sleep "$warm"
 read -r replicas_before postgres_before < <(cpu)
 calls_before=$(calls)
-envoys "$buckets" 2 "$work/reports.json"
+wait "$run"
 read -r replicas_after postgres_after < <(cpu)
 sleep 2  # each backend flushes its function counts to the shared statistics within a second
 calls_after=$(calls)
 
 "$python" - "$work/admissions.json" "$work/reports.json" "$rate" "$burst" "$((calls_after - calls_before))" \
-    "$replicas_before" "$replicas_after" "$postgres_before" "$postgres_after" <<'PY'
+    "$replicas_before" "$replicas_after" "$postgres_before" "$postgres_after" "$warm" <<'PY'
 import json, sys
 admissions, reports = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 rate, burst, calls = float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
@@ -168,9 +176,13 @@ for envoy in admissions["envoys"]:
     print(f"    {envoy['name']}: {mine / span:.1f}/s")
 
 # Run 2: statements and CPU a report of a bucket.
-bucket_reports = sum(len(envoy["reports"]) for envoy in reports["envoys"])
+warm_ms = int(sys.argv[10]) * 1000
+# A report in the run's last second may not be answered before its stream is closed.
+last_ms = reports["duration_ms"] - 1000
+bucket_reports = sum(
+    1 for envoy in reports["envoys"] for report in envoy["reports"] if warm_ms <= report[0] < last_ms)
 buckets = len(reports["envoys"][0]["reports"] and {r[1] for r in reports["envoys"][0]["reports"]})
-print(f"run 2, {len(reports['envoys'])} Envoys of {buckets} buckets each: {bucket_reports} reports of a bucket")
+print(f"run 2, {len(reports['envoys'])} Envoys of {buckets} buckets each: {bucket_reports} reports of a bucket after {warm_ms // 1000} s")
 print(f"  quota_assign calls a report of a bucket (statements per Envoy per bucket per interval): {calls / bucket_reports:.3f}")
 print(f"  replicas' CPU a report of a bucket: {1e6 * replicas_cpu / bucket_reports:.0f} us; "
       f"PostgreSQL's: {1e6 * postgres_cpu / bucket_reports:.0f} us")

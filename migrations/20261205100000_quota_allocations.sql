@@ -52,6 +52,9 @@ CREATE TABLE plexsphere.quota_shares (
     old_until timestamptz,
     -- The stream ended (or the bucket was abandoned): no new share; counted until expiry.
     closed_at timestamptz,
+    -- Its last grant fell short of nine tenths of its fair share: capacity others still
+    -- hold is owed to it, and whoever frees some says so (below).
+    short boolean NOT NULL DEFAULT false,
     PRIMARY KEY (key, holder)
 );
 
@@ -131,6 +134,7 @@ DECLARE
     charge double precision;
     elapsed double precision;
     freed boolean := false;
+    falls_short boolean;
 BEGIN
     INSERT INTO plexsphere.quota_buckets AS b (key, service, rule_id, rate, burst, pool, pool_at)
     VALUES (p_key, p_service, p_rule, p_rate, p_burst, p_burst, at)
@@ -285,9 +289,10 @@ BEGIN
         mine.old_burst := greatest(CASE WHEN mine.old_until > at THEN mine.old_burst ELSE 0 END, mine.burst);
         mine.old_until := greatest(mine.old_until, mine.expires_at);
     END IF;
+    falls_short := granted < 0.9 * least(coalesce(mine.demand, 'Infinity'), level, capacity);
     UPDATE plexsphere.quota_shares s
     SET demand = mine.demand, idle_since = mine.idle_since, reported_at = mine.reported_at,
-        replica = mine.replica, closed_at = mine.closed_at,
+        replica = mine.replica, closed_at = mine.closed_at, short = falls_short,
         tokens_per_fill = fill, fill_seconds = p_fill_seconds, burst = tokens,
         sent_at = at, expires_at = at + make_interval(secs => p_ttl_seconds) + rtt,
         old_rate = mine.old_rate, old_burst = mine.old_burst, old_until = mine.old_until
@@ -297,11 +302,15 @@ BEGIN
     WHERE b.key = p_key;
     max_tokens := tokens::bigint;
     tokens_per_fill := fill;
-    -- A report that frees capacity, or that finds its holder well short of its fair share
-    -- (the others must shrink for it), tells every replica, whose streams holding the bucket
-    -- answer at once rather than at their own next reports (only a report tells: a push never
-    -- does, so one report starts one round).
-    IF p_report AND (freed OR granted < 0.9 * least(coalesce(mine.demand, 'Infinity'), level, capacity)) THEN
+    -- A report that first finds its holder well short of its fair share (the others must
+    -- shrink for it), or that frees capacity while another holder is short, tells every
+    -- replica, whose streams holding the bucket answer at once rather than at their own next
+    -- reports. Only a report tells (a push never does), and only at a shortage's start or
+    -- while one lasts, so a steady state pushes nothing: one statement a report.
+    IF p_report AND ((falls_short AND NOT mine.short)
+        OR (freed AND EXISTS (SELECT FROM plexsphere.quota_shares s
+                              WHERE s.key = p_key AND s.holder <> p_holder AND s.short AND s.closed_at IS NULL)))
+    THEN
         PERFORM pg_notify('plexsphere_quota', p_key::text);
     END IF;
 END
