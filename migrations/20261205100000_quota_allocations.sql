@@ -324,3 +324,29 @@ LANGUAGE sql AS $$
     UPDATE plexsphere.quota_shares SET closed_at = clock_timestamp()
     WHERE holder = p_holder AND closed_at IS NULL
 $$;
+
+-- The leader's sweep of what no longer counts: a share whose assignments had all expired an
+-- hour ago and before its bucket's pool was last accrued (so no accrual still reads it), then
+-- a bucket with no share left once its pool would be full anyway (nothing counted, it refills
+-- at the whole rate: made again, full, it gives nothing away). Returns the rows deleted.
+CREATE FUNCTION plexsphere.quota_sweep() RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    at timestamptz := clock_timestamp();
+    shares bigint;
+    buckets bigint;
+BEGIN
+    DELETE FROM plexsphere.quota_shares s
+    USING plexsphere.quota_buckets b
+    WHERE b.key = s.key
+      AND coalesce(greatest(s.expires_at, s.old_until), s.reported_at) < least(b.pool_at, at - interval '1 hour')
+      AND s.reported_at < at - interval '1 hour';
+    GET DIAGNOSTICS shares = ROW_COUNT;
+    DELETE FROM plexsphere.quota_buckets b
+    WHERE NOT EXISTS (SELECT FROM plexsphere.quota_shares s WHERE s.key = b.key)
+      AND b.rate > 0
+      AND b.pool_at + make_interval(secs => greatest(0, b.burst - b.pool) / b.rate) < at;
+    GET DIAGNOSTICS buckets = ROW_COUNT;
+    RETURN shares + buckets;
+END
+$$;

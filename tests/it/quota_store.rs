@@ -330,3 +330,41 @@ async fn the_operator_listing_shows_each_holder_with_its_share_and_what_it_count
     );
     assert!(holders.store.buckets("nobody").await.unwrap().is_empty());
 }
+
+/// The sweep deletes a share only when nothing can use what it was sent and no accrual reads
+/// it, and a bucket only when its pool would be full anyway: a bucket made again, full, then
+/// gives nothing away.
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
+async fn the_sweep_deletes_only_what_no_longer_counts(pool: PgPool) {
+    let holders = Holders::new(pool.clone(), budget(100.0, 50.0));
+    let (gone, live) = (Uuid::new_v4(), Uuid::new_v4());
+    holders.report(gone, 1, 0).await;
+    holders.report(live, 1, 0).await;
+    // Two hours on for `gone` and for the bucket's pool, as if time had passed for them.
+    sqlx::query(
+        "UPDATE plexsphere.quota_shares SET sent_at = sent_at - interval '2 hours',
+             expires_at = expires_at - interval '2 hours', reported_at = reported_at - interval '2 hours'
+         WHERE holder = $1",
+    )
+    .bind(gone)
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(holders.store.sweep().await.unwrap(), 1);
+    let holders_left: Vec<Uuid> =
+        sqlx::query_scalar("SELECT holder FROM plexsphere.quota_shares").fetch_all(&pool).await.unwrap();
+    assert_eq!(holders_left, vec![live]);
+    // The bucket goes with its last share only once its pool would have refilled: 50 tokens at
+    // 100 a second is half a second after its last accrual.
+    sqlx::query("DELETE FROM plexsphere.quota_shares").execute(&pool).await.unwrap();
+    sqlx::query("UPDATE plexsphere.quota_buckets SET pool = 0, pool_at = clock_timestamp()")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(holders.store.sweep().await.unwrap(), 0);
+    sqlx::query("UPDATE plexsphere.quota_buckets SET pool_at = pool_at - interval '1 second'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(holders.store.sweep().await.unwrap(), 1);
+}

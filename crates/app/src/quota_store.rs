@@ -113,6 +113,12 @@ impl QuotaStore for PgQuotaStore {
         Ok(())
     }
 
+    async fn sweep(&self) -> Result<u64, BoxError> {
+        let deleted: i64 =
+            sqlx::query_scalar("SELECT plexsphere.quota_sweep()").fetch_one(&self.statements).await?;
+        Ok(u64::try_from(deleted).unwrap_or(0))
+    }
+
     async fn buckets(&self, service: &str) -> Result<Vec<QuotaBucket>, BoxError> {
         let rows: Vec<BucketRow> = sqlx::query_as(BUCKETS).bind(service).fetch_all(&self.statements).await?;
         let mut buckets: Vec<QuotaBucket> = Vec::new();

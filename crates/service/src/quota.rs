@@ -267,6 +267,10 @@ pub trait QuotaStore: Send + Sync {
     /// `holder`'s stream ended: its shares take no new demand and count until they expire.
     async fn close(&self, holder: Uuid) -> Result<(), BoxError>;
 
+    /// Deletes what no longer counts (shares long expired, buckets whose pool would be full);
+    /// how many rows.
+    async fn sweep(&self) -> Result<u64, BoxError>;
+
     /// `service`'s buckets with their holders, by key, each share counted at the store's now.
     ///
     /// # Errors
@@ -495,6 +499,14 @@ impl QuotaService {
     /// When the store could not record it (its shares then count until they expire anyway).
     pub async fn close(&self, holder: Uuid) -> Result<(), QuotaError> {
         self.store.close(holder).await.map_err(QuotaError::Store)
+    }
+
+    /// Deletes the shares and buckets that no longer count (the leader's, now and then).
+    ///
+    /// # Errors
+    /// When the store could not answer.
+    pub async fn sweep(&self) -> Result<u64, QuotaError> {
+        self.store.sweep().await.map_err(QuotaError::Store)
     }
 
     /// `service`'s RLQS buckets and every holder's share, as every replica counts them, for

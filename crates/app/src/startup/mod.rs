@@ -291,6 +291,7 @@ impl Application {
             config.quota,
             grpc_addr.map_or_else(|| local_addr.to_string(), |address| address.to_string()),
         );
+        let quota_for_sweep = quota.clone();
         let state = AppState::new(Handles {
             access: api_access,
             secrets: bind_secrets(&config, &api_statements, &spender, &secret_cache),
@@ -399,6 +400,15 @@ impl Application {
                 (time.clock.clone(), time.status.clone()),
                 leadership.clone(),
                 metrics.clone(),
+                config.budgets.sweep_interval,
+                shutdown.clone(),
+            ),
+        );
+        tasks.add(
+            crate::runtime::quota_sweep::LOOP_NAME,
+            crate::runtime::quota_sweep::run(
+                quota_for_sweep,
+                leadership.clone(),
                 config.budgets.sweep_interval,
                 shutdown.clone(),
             ),

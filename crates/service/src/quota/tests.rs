@@ -18,6 +18,7 @@ mockall::mock! {
     impl QuotaStore for Store {
         async fn assign(&self, request: &ShareRequest) -> Result<Allotted, BoxError>;
         async fn close(&self, holder: Uuid) -> Result<(), BoxError>;
+        async fn sweep(&self) -> Result<u64, BoxError>;
         async fn buckets(&self, service: &str) -> Result<Vec<QuotaBucket>, BoxError>;
     }
 }
