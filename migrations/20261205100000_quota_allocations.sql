@@ -29,8 +29,11 @@ CREATE TABLE plexsphere.quota_buckets (
 
 CREATE TABLE plexsphere.quota_shares (
     key uuid NOT NULL REFERENCES plexsphere.quota_buckets ON DELETE CASCADE,
-    -- The stream, and the replica serving it (for the operator page).
+    -- One bucket of one Envoy: its stream and its bucket_id (several bucket_ids a rule keys
+    -- alike are several token buckets in the Envoy, each a holder of its own); the stream, to
+    -- close its holders when it ends; the replica serving it (for the operator page).
     holder uuid NOT NULL,
+    stream uuid NOT NULL,
     replica text NOT NULL,
     -- Requests a second (allowed and denied) over its last report; NULL until it has reported
     -- an interval: a newcomer, whose demand is not known yet.
@@ -58,7 +61,7 @@ CREATE TABLE plexsphere.quota_shares (
     PRIMARY KEY (key, holder)
 );
 
-CREATE INDEX quota_shares_holder ON plexsphere.quota_shares (holder);
+CREATE INDEX quota_shares_stream ON plexsphere.quota_shares (stream);
 
 -- What a share counts against its rule at `at`: the larger of what the assignment last sent
 -- and the older ones still usable allow.
@@ -92,6 +95,7 @@ CREATE FUNCTION plexsphere.quota_assign(
     p_rate double precision,
     p_burst double precision,
     p_holder uuid,
+    p_stream uuid,
     p_replica text,
     p_report boolean,
     p_requests bigint,
@@ -103,6 +107,13 @@ CREATE FUNCTION plexsphere.quota_assign(
     p_headroom double precision,
     p_burst_share double precision,
     p_idle_after double precision,
+    -- The stream cannot vouch for what was sent: the last statement for this holder failed,
+    -- and may have committed a send that never left. No report proves anything then, and the
+    -- next token bucket is built full.
+    p_unsure boolean,
+    -- What the Envoy's bucket holds is not this row's last token bucket (its last assignment
+    -- was a blanket rule, or another rule's bucket): the next token bucket is built full.
+    p_builds_full boolean,
     OUT decision text,
     OUT max_tokens bigint,
     OUT tokens_per_fill bigint,
@@ -111,7 +122,7 @@ CREATE FUNCTION plexsphere.quota_assign(
 )
 LANGUAGE plpgsql AS $$
 DECLARE
-    at timestamptz := clock_timestamp();
+    at timestamptz;
     rtt interval := make_interval(secs => p_max_rtt);
     bucket plexsphere.quota_buckets;
     mine plexsphere.quota_shares;
@@ -137,9 +148,11 @@ DECLARE
     falls_short boolean;
 BEGIN
     INSERT INTO plexsphere.quota_buckets AS b (key, service, rule_id, rate, burst, pool, pool_at)
-    VALUES (p_key, p_service, p_rule, p_rate, p_burst, p_burst, at)
+    VALUES (p_key, p_service, p_rule, p_rate, p_burst, p_burst, clock_timestamp())
     ON CONFLICT (key) DO UPDATE SET service = excluded.service
     RETURNING * INTO bucket;
+    -- The time, once the bucket's lock is held: a send is recorded no earlier than it is made.
+    at := clock_timestamp();
 
     -- The pool accrues over [pool_at, at] by what was counted at pool_at: shares only expire
     -- between statements, so that count is the largest of the interval (the pool accrues no
@@ -163,8 +176,8 @@ BEGIN
 
     SELECT * INTO mine FROM plexsphere.quota_shares s WHERE s.key = p_key AND s.holder = p_holder FOR UPDATE;
     IF NOT FOUND THEN
-        INSERT INTO plexsphere.quota_shares (key, holder, replica, reported_at)
-        VALUES (p_key, p_holder, p_replica, at)
+        INSERT INTO plexsphere.quota_shares (key, holder, stream, replica, reported_at)
+        VALUES (p_key, p_holder, p_stream, p_replica, at)
         RETURNING * INTO mine;
     END IF;
     prior_rate := CASE WHEN mine.expires_at > at THEN mine.tokens_per_fill::double precision / mine.fill_seconds ELSE 0 END;
@@ -187,7 +200,7 @@ BEGIN
         mine.reported_at := at;
         mine.replica := p_replica;
         mine.closed_at := NULL;
-        IF mine.sent_at IS NULL OR at - mine.sent_at > rtt THEN
+        IF NOT p_unsure AND (mine.sent_at IS NULL OR at - mine.sent_at > rtt) THEN
             -- Sent after it had the last assignment: it uses that one, no older; a shrink it
             -- confirms frees capacity another holder may be waiting for.
             freed := mine.old_until > at
@@ -206,9 +219,14 @@ BEGIN
             -- no bucket any more, so the next one it is sent is built full and paid for.
             UPDATE plexsphere.quota_shares s
             SET demand = mine.demand, idle_since = mine.idle_since, reported_at = mine.reported_at,
-                old_rate = CASE WHEN s.expires_at > at THEN s.tokens_per_fill::double precision / s.fill_seconds ELSE 0 END,
-                old_burst = CASE WHEN s.expires_at > at THEN s.burst ELSE 0 END,
-                old_until = s.expires_at, tokens_per_fill = 0, burst = 0, closed_at = at
+                old_rate = greatest(
+                    CASE WHEN mine.old_until > at THEN mine.old_rate ELSE 0 END,
+                    CASE WHEN s.expires_at > at THEN s.tokens_per_fill::double precision / s.fill_seconds ELSE 0 END),
+                old_burst = greatest(
+                    CASE WHEN mine.old_until > at THEN mine.old_burst ELSE 0 END,
+                    CASE WHEN s.expires_at > at THEN s.burst ELSE 0 END),
+                old_until = greatest(CASE WHEN mine.old_until > at THEN mine.old_until END, s.expires_at),
+                tokens_per_fill = 0, burst = 0, sent_at = at, closed_at = at
             WHERE s.key = p_key AND s.holder = p_holder;
             UPDATE plexsphere.quota_buckets b SET rate = p_rate, burst = p_burst, pool = bucket.pool, pool_at = at
             WHERE b.key = p_key;
@@ -254,6 +272,11 @@ BEGIN
     INTO others_rate, others_burst
     FROM plexsphere.quota_shares s WHERE s.key = p_key AND s.holder <> p_holder;
     granted := greatest(0, least(my_want, capacity - others_rate));
+    IF NOT p_report AND mine.reported_at < at - make_interval(secs => 2 * p_ttl_seconds) THEN
+        -- A push to a holder that stopped reporting (its stream may be dead, unnoticed): it
+        -- renews nothing, so a dead holder's share lapses.
+        granted := 0;
+    END IF;
     fill := least(floor(granted * p_fill_seconds), 4294967295)::bigint;
 
     -- max_tokens: its part of burst_share x burst, at least one token; within what the others
@@ -261,7 +284,7 @@ BEGIN
     tokens := greatest(1, floor(p_burst_share * p_burst * fill / p_fill_seconds / nullif(capacity, 0)));
     tokens := least(tokens, floor(p_burst - others_burst), 4294967295);
     -- Whether the Envoy will still hold the token bucket last sent when this one arrives.
-    holds := mine.burst >= 1 AND mine.expires_at - rtt > at + rtt;
+    holds := NOT p_unsure AND NOT p_builds_full AND mine.burst >= 1 AND mine.expires_at - rtt > at + rtt;
     charge := CASE WHEN holds THEN greatest(0, tokens - mine.burst) ELSE tokens END;
     IF charge > bucket.pool THEN
         tokens := CASE WHEN holds THEN least(tokens, mine.burst + greatest(0, floor(bucket.pool)))
@@ -319,10 +342,10 @@ $$;
 -- A stream ended: its shares take no new demand, and count until what they were sent expires.
 -- Even after a goodbye (every assignment again with a TTL of zero): nothing says it arrived,
 -- and an Envoy that missed it enforces its last assignment until the TTL.
-CREATE FUNCTION plexsphere.quota_close(p_holder uuid) RETURNS void
+CREATE FUNCTION plexsphere.quota_close(p_stream uuid) RETURNS void
 LANGUAGE sql AS $$
     UPDATE plexsphere.quota_shares SET closed_at = clock_timestamp()
-    WHERE holder = p_holder AND closed_at IS NULL
+    WHERE stream = p_stream AND closed_at IS NULL
 $$;
 
 -- The leader's sweep of what no longer counts: a share whose assignments had all expired an
@@ -342,8 +365,11 @@ BEGIN
       AND coalesce(greatest(s.expires_at, s.old_until), s.reported_at) < least(b.pool_at, at - interval '1 hour')
       AND s.reported_at < at - interval '1 hour';
     GET DIAGNOSTICS shares = ROW_COUNT;
+    -- pool_at an hour old too: a report that made a share meanwhile moved it, and the row is
+    -- checked again once its lock is free.
     DELETE FROM plexsphere.quota_buckets b
     WHERE NOT EXISTS (SELECT FROM plexsphere.quota_shares s WHERE s.key = b.key)
+      AND b.pool_at < at - interval '1 hour'
       AND b.rate > 0
       AND b.pool_at + make_interval(secs => greatest(0, b.burst - b.pool) / b.rate) < at;
     GET DIAGNOSTICS buckets = ROW_COUNT;

@@ -9,7 +9,7 @@ use app::quota_store::PgQuotaStore;
 use ratebudget::{Key, ManualClock, Statements};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
-use service::quota::{Budget, QuotaSettings, QuotaStore, ShareRequest, Usage};
+use service::quota::{BucketHolder, Budget, QuotaSettings, QuotaStore, ShareRequest, Usage};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use uuid::Uuid;
 
@@ -35,7 +35,7 @@ fn report(service: &str, key: u64, holder: Uuid, replica: &str, usage: Option<Us
             fill_seconds: 60,
             shadow: false,
         },
-        holder,
+        holder: BucketHolder { stream: holder, holder, unsure: false, builds_full: false },
         replica: replica.into(),
         usage,
         settings: QuotaSettings::default(),

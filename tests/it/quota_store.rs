@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use app::quota_store::PgQuotaStore;
 use ratebudget::{Key, Statements};
-use service::quota::{Allotment, Allotted, Budget, QuotaSettings, QuotaStore, ShareRequest, Usage};
+use service::quota::{
+    Allotment, Allotted, BucketHolder, Budget, QuotaSettings, QuotaStore, ShareRequest, Usage,
+};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -55,7 +57,7 @@ impl Holders {
         let request = ShareRequest {
             service: "shop".into(),
             budget: self.budget.clone(),
-            holder,
+            holder: BucketHolder { stream: holder, holder, unsure: false, builds_full: false },
             replica: "replica-a".into(),
             usage,
             settings: settings(),
@@ -245,7 +247,7 @@ async fn a_bucket_without_demand_for_a_while_is_abandoned_and_comes_back_as_a_ne
     let ask = |usage| ShareRequest {
         service: "shop".into(),
         budget: holders.budget.clone(),
-        holder,
+        holder: BucketHolder { stream: holder, holder, unsure: false, builds_full: false },
         replica: "replica-a".into(),
         usage,
         settings,
@@ -297,7 +299,10 @@ async fn the_operator_listing_shows_each_holder_with_its_share_and_what_it_count
     let request = ShareRequest {
         service: "billing".into(),
         budget: Budget { key: Key::from(Uuid::from_u64_pair(0, 8)), ..budget(10.0, 5.0) },
-        holder: Uuid::new_v4(),
+        holder: {
+            let id = Uuid::new_v4();
+            BucketHolder { stream: id, holder: id, unsure: false, builds_full: false }
+        },
         replica: "replica-b".into(),
         usage: None,
         settings: settings(),
@@ -354,15 +359,18 @@ async fn the_sweep_deletes_only_what_no_longer_counts(pool: PgPool) {
     let holders_left: Vec<Uuid> =
         sqlx::query_scalar("SELECT holder FROM plexsphere.quota_shares").fetch_all(&pool).await.unwrap();
     assert_eq!(holders_left, vec![live]);
-    // The bucket goes with its last share only once its pool would have refilled: 50 tokens at
-    // 100 a second is half a second after its last accrual.
+    // The bucket goes with its last share only once its pool would have refilled (50 tokens at
+    // 100 a second: half a second) and an hour has passed since its last accrual.
     sqlx::query("DELETE FROM plexsphere.quota_shares").execute(&pool).await.unwrap();
-    sqlx::query("UPDATE plexsphere.quota_buckets SET pool = 0, pool_at = clock_timestamp()")
-        .execute(&pool)
-        .await
-        .unwrap();
+    // Its pool empty a minute ago: not yet (it also waits an hour, for a report meanwhile).
+    sqlx::query(
+        "UPDATE plexsphere.quota_buckets SET pool = 0, pool_at = clock_timestamp() - interval '1 minute'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     assert_eq!(holders.store.sweep().await.unwrap(), 0);
-    sqlx::query("UPDATE plexsphere.quota_buckets SET pool_at = pool_at - interval '1 second'")
+    sqlx::query("UPDATE plexsphere.quota_buckets SET pool_at = clock_timestamp() - interval '2 hours'")
         .execute(&pool)
         .await
         .unwrap();

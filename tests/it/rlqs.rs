@@ -452,3 +452,43 @@ async fn a_store_that_cannot_answer_sends_nothing_and_the_last_assignment_lapses
     proxy.set(Mode::Open);
     a.stop().await;
 }
+
+/// Several `bucket_id`s its rule keys alike (a rule of the tenant, ids that also carry the
+/// user) are several token buckets in one Envoy: each is a holder of its own share, so
+/// together they still admit no more than the rule.
+#[sqlx::test(migrator = "app::migrations::MIGRATOR")]
+async fn bucket_ids_a_rule_keys_alike_share_its_budget_within_one_envoy(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (a, b) = (replica(&connect).await, replica(&connect).await);
+    put_rule(&a, 200.0, 40.0).await;
+    let users = |names: &[&str]| -> Value {
+        names
+            .iter()
+            .map(|user| json!({ "bucket_id": { "api": "checkout", "tenant": "acme", "user": user }, "load_rps": 300 }))
+            .collect()
+    };
+    let done = grpc::envoys(json!({
+        "duration_s": 12, "tick_ms": 10,
+        "envoys": [
+            envoy("e1", &a, 0.0, json!({ "buckets": users(&["u1", "u2", "u3"]) })),
+            envoy("e2", &b, 0.0, json!({ "buckets": users(&["u4"]) })),
+        ],
+    }))
+    .await;
+    assert_eq!(
+        over_bound(&admissions(&done), 0, 200.0, 40.0, 0.0),
+        None,
+        "a window over burst + rate x window"
+    );
+    // Four holders of one budget, each a quarter, whichever Envoy holds them.
+    let e1 = admitted_rate(&done, "e1", 7000, 12_000);
+    let e2 = admitted_rate(&done, "e2", 7000, 12_000);
+    assert!(
+        (e1 - 150.0).abs() <= 15.0 && (e2 - 50.0).abs() <= 5.0,
+        "e1 {e1:.1}/s for three, e2 {e2:.1}/s for one"
+    );
+    a.stop().await;
+    b.stop().await;
+}

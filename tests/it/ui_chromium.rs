@@ -237,7 +237,12 @@ async fn the_operator_page_shows_buckets_decisions_rules_and_the_leader_in_headl
             fill_seconds: 60,
             shadow: false,
         },
-        holder: envoy,
+        holder: service::quota::BucketHolder {
+            stream: envoy,
+            holder: envoy,
+            unsure: false,
+            builds_full: false,
+        },
         replica: "10.0.0.9:8081".into(),
         usage: None,
         settings: service::quota::QuotaSettings::default(),

@@ -23,7 +23,7 @@ impl PgQuotaStore {
 }
 
 const ASSIGN: &str = "SELECT decision, max_tokens, tokens_per_fill, prior_rate, prior_burst \
-     FROM plexsphere.quota_assign($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)";
+     FROM plexsphere.quota_assign($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)";
 
 /// A service's buckets, each with its holders (a bucket without one: a row of NULL share
 /// columns). Every share is counted at one instant, the database's clock as
@@ -77,7 +77,8 @@ impl QuotaStore for PgQuotaStore {
             .bind(&budget.rule_id)
             .bind(budget.rate)
             .bind(budget.burst)
-            .bind(request.holder)
+            .bind(request.holder.holder)
+            .bind(request.holder.stream)
             .bind(&request.replica)
             .bind(request.usage.is_some())
             .bind(i64::try_from(requests).unwrap_or(i64::MAX))
@@ -89,6 +90,8 @@ impl QuotaStore for PgQuotaStore {
             .bind(settings.headroom)
             .bind(settings.burst_share)
             .bind(settings.idle_after.as_secs_f64())
+            .bind(request.holder.unsure)
+            .bind(request.holder.builds_full)
             .fetch_one(&self.statements)
             .await?;
         let whole = |value: Option<i64>| u32::try_from(value.unwrap_or(0).max(0)).unwrap_or(u32::MAX);
@@ -108,8 +111,8 @@ impl QuotaStore for PgQuotaStore {
         })
     }
 
-    async fn close(&self, holder: Uuid) -> Result<(), BoxError> {
-        sqlx::query("SELECT plexsphere.quota_close($1)").bind(holder).execute(&self.statements).await?;
+    async fn close(&self, stream: Uuid) -> Result<(), BoxError> {
+        sqlx::query("SELECT plexsphere.quota_close($1)").bind(stream).execute(&self.statements).await?;
         Ok(())
     }
 

@@ -194,6 +194,42 @@ pub enum Allotment {
     Abandon,
 }
 
+/// Who holds a share: one bucket of one Envoy. Several `bucket_id`s a rule keys alike are
+/// several token buckets in the Envoy, each holding a share of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BucketHolder {
+    /// The Envoy's stream.
+    pub stream: Uuid,
+    /// The holder: the stream and the `bucket_id`, hashed.
+    pub holder: Uuid,
+    /// The stream cannot vouch for what was sent (its last statement failed, and may have
+    /// committed a send that never left): no report proves an assignment arrived, and the next
+    /// token bucket is paid for whole.
+    pub unsure: bool,
+    /// The Envoy's bucket is not what this rule's share last sent it (a blanket rule, or
+    /// another rule's token bucket, came since): the next token bucket is built full, and paid
+    /// for whole.
+    pub builds_full: bool,
+}
+
+impl BucketHolder {
+    /// The holder of `bucket_id` on `stream`: the first 128 bits of SHA-256 over the stream
+    /// and each entry in key order, length-prefixed.
+    pub fn of(stream: Uuid, bucket_id: &BTreeMap<String, String>) -> BucketHolder {
+        use sha2::{Digest, Sha256};
+        let mut hash = Sha256::new();
+        hash.update(stream.as_bytes());
+        for field in bucket_id.iter().flat_map(|(key, value)| [key, value]) {
+            hash.update((field.len() as u64).to_be_bytes());
+            hash.update(field.as_bytes());
+        }
+        let digest = hash.finalize();
+        let mut first = [0u8; 16];
+        first.copy_from_slice(&digest[..16]);
+        BucketHolder { stream, holder: Uuid::from_bytes(first), unsure: false, builds_full: false }
+    }
+}
+
 /// One holder's report (or, without usage, a push after a rule changed) of one bucket.
 #[derive(Clone, Debug)]
 pub struct ShareRequest {
@@ -201,8 +237,8 @@ pub struct ShareRequest {
     pub service: String,
     /// The budget.
     pub budget: Budget,
-    /// The holder: one Envoy's stream.
-    pub holder: Uuid,
+    /// The holder: one bucket of one Envoy.
+    pub holder: BucketHolder,
     /// The replica serving it.
     pub replica: String,
     /// Its usage, when it reported.
@@ -264,8 +300,8 @@ pub trait QuotaStore: Send + Sync {
     /// Records `request` and decides the holder's share.
     async fn assign(&self, request: &ShareRequest) -> Result<Allotted, BoxError>;
 
-    /// `holder`'s stream ended: its shares take no new demand and count until they expire.
-    async fn close(&self, holder: Uuid) -> Result<(), BoxError>;
+    /// `stream` ended: its holders' shares take no new demand and count until they expire.
+    async fn close(&self, stream: Uuid) -> Result<(), BoxError>;
 
     /// Deletes what no longer counts (shares long expired, buckets whose pool would be full);
     /// how many rows.
@@ -404,7 +440,7 @@ impl QuotaService {
         &self,
         service: &str,
         bucket_id: &BTreeMap<String, String>,
-        holder: Uuid,
+        holder: BucketHolder,
         usage: Option<Usage>,
     ) -> Result<Option<Assignment>, QuotaError> {
         let governance = self.govern(service, bucket_id)?;
@@ -421,7 +457,7 @@ impl QuotaService {
         &self,
         service: &str,
         governance: &Governance,
-        holder: Uuid,
+        holder: BucketHolder,
         usage: Option<Usage>,
     ) -> Result<Option<Assignment>, QuotaError> {
         // A service with rules by name, the rest as `other`: a bounded set of labels.
@@ -441,7 +477,7 @@ impl QuotaService {
         &self,
         service: &str,
         governance: &Governance,
-        holder: Uuid,
+        holder: BucketHolder,
         usage: Option<Usage>,
     ) -> Result<Option<Assignment>, QuotaError> {
         let settings = self.settings;
@@ -493,12 +529,12 @@ impl QuotaService {
         })
     }
 
-    /// `holder`'s stream ended.
+    /// `stream` ended.
     ///
     /// # Errors
     /// When the store could not record it (its shares then count until they expire anyway).
-    pub async fn close(&self, holder: Uuid) -> Result<(), QuotaError> {
-        self.store.close(holder).await.map_err(QuotaError::Store)
+    pub async fn close(&self, stream: Uuid) -> Result<(), QuotaError> {
+        self.store.close(stream).await.map_err(QuotaError::Store)
     }
 
     /// Deletes the shares and buckets that no longer count (the leader's, now and then).

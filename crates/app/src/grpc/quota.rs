@@ -24,7 +24,7 @@ use tonic::{Request, Response, Status, Streaming};
 use uuid::Uuid;
 
 use rules::Services;
-use service::quota::{Assignment, Governance, QuotaError, QuotaService, Usage};
+use service::quota::{Assignment, BucketHolder, Governance, QuotaError, QuotaService, Usage};
 
 use envoy_types::pb::envoy::r#type::v3::{rate_limit_strategy, RateLimitStrategy, TokenBucket};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
@@ -116,7 +116,7 @@ impl RateLimitQuotaService for QuotaServer {
         let stream = QuotaStream {
             quota: self.quota.clone(),
             services,
-            holder: Uuid::new_v4(),
+            stream: Uuid::new_v4(),
             domain: None,
             buckets: HashMap::new(),
             holding: Holding::default(),
@@ -129,20 +129,42 @@ impl RateLimitQuotaService for QuotaServer {
     }
 }
 
-/// One bucket of a stream: its id as sent, what governs it, what it was last sent.
+/// One bucket of a stream: its id as sent, its holder, what governs it, what it was last sent.
 struct Held {
     id: BucketId,
+    holder: BucketHolder,
     governance: Governance,
     last: Option<Assignment>,
+    /// The bucket the last token bucket was a share of.
+    last_key: Option<Uuid>,
     /// Sent a smaller share since its last report.
     shrinking: bool,
+    /// Since when its reports show no request (a bucket no budget governs; the store keeps a
+    /// governed one's).
+    idle_since: Option<tokio::time::Instant>,
 }
 
-/// One Envoy's stream: a holder of shares.
+impl Held {
+    fn key(&self) -> Option<Uuid> {
+        match &self.governance {
+            Governance::Budget(budget) => Some(budget.key.as_uuid()),
+            _ => None,
+        }
+    }
+}
+
+/// How long a statement of a stream may take before the stream gives up on it (and, since it
+/// may have committed, can no longer vouch for what its bucket holds).
+const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a stream waits to hand an answer to a client that does not read.
+const SEND_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// One Envoy's stream: each of its buckets a holder of a share.
 struct QuotaStream {
     quota: QuotaService,
     services: Services,
-    holder: Uuid,
+    stream: Uuid,
     domain: Option<String>,
     buckets: HashMap<BTreeMap<String, String>, Held>,
     holding: Holding,
@@ -168,13 +190,13 @@ impl QuotaStream {
                 message = reports.message() => match message {
                     Ok(Some(message)) => {
                         if let Err(status) = self.report(message).await {
-                            let _ = self.answers.send(Err(status)).await;
+                            let _ = tokio::time::timeout(SEND_TIMEOUT, self.answers.send(Err(status))).await;
                             break;
                         }
                     }
                     Ok(None) => break,
                     Err(status) => {
-                        tracing::debug!(holder = %self.holder, %status, "an RLQS stream broke");
+                        tracing::debug!(stream = %self.stream, %status, "an RLQS stream broke");
                         break;
                     }
                 },
@@ -195,13 +217,19 @@ impl QuotaStream {
         }
         self.observer.holding(Holding::default() - self.holding);
         self.observer.stream(false);
-        // What it was sent counts until it expires whether or not this is recorded.
-        if let Err(error) = self.quota.close(self.holder).await {
-            tracing::warn!(holder = %self.holder, error = %ratebudget::cause_chain(&error), "an ended RLQS stream's shares could not be closed; they count until they expire");
-        }
+        // The response ends now (this stream's sender goes with it); the close is recorded
+        // after, and what was sent counts until it expires whether or not it is.
+        let (quota, stream) = (self.quota.clone(), self.stream);
+        drop(self);
+        tokio::spawn(async move {
+            if let Err(error) = quota.close(stream).await {
+                tracing::warn!(%stream, error = %ratebudget::cause_chain(&error), "an ended RLQS stream's shares could not be closed; they count until they expire");
+            }
+        });
     }
 
-    /// Answers one message of reports: each bucket's assignment, in one response.
+    /// Answers one message of reports: each bucket's assignment, sent as soon as it is decided
+    /// (a send is recorded when its statement ran: it must leave then, not after the rest).
     async fn report(&mut self, message: RateLimitQuotaUsageReports) -> Result<(), Status> {
         let domain = match &self.domain {
             Some(domain) if message.domain.is_empty() || message.domain == *domain => domain.clone(),
@@ -222,7 +250,6 @@ impl QuotaStream {
                 message.domain
             }
         };
-        let mut actions = Vec::new();
         for usage in message.bucket_quota_usages {
             let Some(id) = usage.bucket_id.filter(|id| !id.bucket.is_empty()) else {
                 // Envoy never sends one; nothing could be assigned to it.
@@ -242,68 +269,74 @@ impl QuotaStream {
                     continue;
                 }
             };
-            let assigned =
-                self.quota.assign_governed(&domain, &governance, self.holder, Some(reported)).await;
-            let held = self.buckets.entry(map).or_insert_with(|| Held {
+            let holder = BucketHolder::of(self.stream, &map);
+            let held = self.buckets.entry(map.clone()).or_insert_with(|| Held {
                 id: id.clone(),
+                holder,
                 governance: governance.clone(),
                 last: None,
+                last_key: None,
                 shrinking: false,
+                idle_since: None,
             });
             held.governance = governance;
             // Reported after what it was last sent: it has it, or will not be sent more.
             held.shrinking = false;
-            if let Some(action) = Self::settle(held, assigned, self.holder) {
-                actions.push(action);
+            let mut actions = Vec::new();
+            if held.key().is_none() {
+                // No budget governs it: the store does not see it, so its idleness is kept here.
+                if reported.allowed + reported.denied == 0 {
+                    let since = *held.idle_since.get_or_insert_with(tokio::time::Instant::now);
+                    if since.elapsed() >= self.quota.settings().idle_after {
+                        held.last = Some(Assignment::Abandon);
+                        actions.push(action_of(held.id.clone(), Assignment::Abandon));
+                        self.buckets.remove(&map);
+                        self.answer(actions).await;
+                        continue;
+                    }
+                } else {
+                    held.idle_since = None;
+                }
             }
+            let Some(held) = self.buckets.get_mut(&map) else { continue };
+            Self::decide(&self.quota, &domain, held, Some(reported), &mut actions).await;
+            if held.last == Some(Assignment::Abandon) {
+                self.buckets.remove(&map);
+            }
+            self.answer(actions).await;
         }
-        self.buckets.retain(|_, held| held.last != Some(Assignment::Abandon));
-        self.answer(actions).await;
         Ok(())
     }
 
-    /// The rules changed: every bucket whose governance did gets a new assignment.
-    async fn rules_changed(&mut self) {
-        let Some(domain) = self.domain.clone() else { return };
-        let mut actions = Vec::new();
-        for (map, held) in &mut self.buckets {
-            let Ok(governance) = self.quota.govern(&domain, map) else { continue };
-            if governance == held.governance {
-                continue;
-            }
-            let assigned = self.quota.assign_governed(&domain, &governance, self.holder, None).await;
-            held.governance = governance;
-            if let Some(action) = Self::settle(held, assigned, self.holder) {
-                actions.push(action);
-            }
-        }
-        self.buckets.retain(|_, held| held.last != Some(Assignment::Abandon));
-        self.answer(actions).await;
-    }
-
-    /// Another holder's report freed capacity of bucket `key`, or needs it: this stream's
-    /// share of it is decided again and sent now.
-    async fn rebalance(&mut self, key: Uuid) {
-        let Some(domain) = self.domain.clone() else { return };
-        let mut actions = Vec::new();
-        for held in self.buckets.values_mut() {
-            if !matches!(&held.governance, Governance::Budget(budget) if budget.key.as_uuid() == key) {
-                continue;
-            }
-            let assigned = self.quota.assign_governed(&domain, &held.governance, self.holder, None).await;
-            if let Some(action) = Self::settle(held, assigned, self.holder) {
-                actions.push(action);
-            }
-        }
-        self.answer(actions).await;
-    }
-
-    /// The action for what was assigned, remembering it; none when nothing is sent.
-    fn settle(
+    /// Decides `held`'s assignment (at a report of `usage`, or a push) and adds what to send.
+    async fn decide(
+        quota: &QuotaService,
+        domain: &str,
         held: &mut Held,
-        assigned: Result<Option<Assignment>, QuotaError>,
-        holder: Uuid,
-    ) -> Option<BucketAction> {
+        usage: Option<Usage>,
+        actions: &mut Vec<BucketAction>,
+    ) {
+        let key = held.key();
+        // Its last token bucket was another rule's: what the store knows of this holder under
+        // this rule is not what the Envoy holds. It drops that bucket first (a blanket rule
+        // drops one), so that the next is built full, and paid for whole.
+        let elsewhere = matches!(held.last, Some(Assignment::TokenBucket { .. })) && held.last_key != key;
+        if elsewhere {
+            if let Some(Assignment::TokenBucket { ttl, .. }) = held.last {
+                actions.push(action_of(held.id.clone(), Assignment::DenyAll { ttl }));
+                held.last = Some(Assignment::DenyAll { ttl });
+            }
+        }
+        // The store's row says what this rule's share last sent this holder; only a token
+        // bucket of this rule, last sent, is the Envoy's bucket now (a blanket rule, or another
+        // rule's bucket, since: not, though the row may still say so).
+        let vouched = matches!(held.last, Some(Assignment::TokenBucket { .. })) && held.last_key == key;
+        let holder = BucketHolder { builds_full: !vouched, ..held.holder };
+        let assigning = quota.assign_governed(domain, &held.governance, holder, usage);
+        let assigned = match tokio::time::timeout(STATEMENT_TIMEOUT, assigning).await {
+            Ok(assigned) => assigned,
+            Err(_) => Err(QuotaError::Store("the quota store did not answer in time".into())),
+        };
         match assigned {
             Ok(Some(assignment)) => {
                 let smaller = |new: Option<f64>, old: Option<f64>| match (new, old) {
@@ -313,14 +346,56 @@ impl QuotaStream {
                 };
                 held.shrinking |= smaller(assignment.rate(), held.last.and_then(Assignment::rate));
                 held.last = Some(assignment);
-                Some(action_of(held.id.clone(), assignment))
+                held.last_key = key;
+                held.holder.unsure = false;
+                actions.push(action_of(held.id.clone(), assignment));
             }
-            Ok(None) => None,
+            Ok(None) => held.holder.unsure = false,
             Err(error) => {
-                // The Envoy keeps its last assignment until its TTL, then its own defaults.
-                tracing::error!(%holder, error = %ratebudget::cause_chain(&error), "an RLQS bucket could not be assigned; nothing was sent");
-                None
+                // The Envoy keeps its last assignment until its TTL, then its own defaults. The
+                // statement may have committed a send that never left: until one succeeds, no
+                // report proves anything and the next token bucket is paid for whole.
+                held.holder.unsure = true;
+                tracing::error!(stream = %held.holder.stream, error = %ratebudget::cause_chain(&error), "an RLQS bucket could not be assigned; nothing was sent");
             }
+        }
+    }
+
+    /// The rules changed: every bucket whose governance did gets a new assignment.
+    async fn rules_changed(&mut self) {
+        let Some(domain) = self.domain.clone() else { return };
+        let maps: Vec<BTreeMap<String, String>> = self.buckets.keys().cloned().collect();
+        for map in maps {
+            let Ok(governance) = self.quota.govern(&domain, &map) else { continue };
+            let Some(held) = self.buckets.get_mut(&map) else { continue };
+            if governance == held.governance {
+                continue;
+            }
+            held.governance = governance;
+            let mut actions = Vec::new();
+            Self::decide(&self.quota, &domain, held, None, &mut actions).await;
+            if held.last == Some(Assignment::Abandon) {
+                self.buckets.remove(&map);
+            }
+            self.answer(actions).await;
+        }
+    }
+
+    /// Another holder's report freed capacity of bucket `key`, or needs it: this stream's
+    /// shares of it are decided again and sent now.
+    async fn rebalance(&mut self, key: Uuid) {
+        let Some(domain) = self.domain.clone() else { return };
+        let maps: Vec<BTreeMap<String, String>> = self
+            .buckets
+            .iter()
+            .filter(|(_, held)| held.key() == Some(key))
+            .map(|(map, _)| map.clone())
+            .collect();
+        for map in maps {
+            let Some(held) = self.buckets.get_mut(&map) else { continue };
+            let mut actions = Vec::new();
+            Self::decide(&self.quota, &domain, held, None, &mut actions).await;
+            self.answer(actions).await;
         }
     }
 
@@ -336,7 +411,8 @@ impl QuotaStream {
         self.observer.holding(now - self.holding);
         self.holding = now;
         if !actions.is_empty() {
-            let _ = self.answers.send(Ok(RateLimitQuotaResponse { bucket_action: actions })).await;
+            let response = RateLimitQuotaResponse { bucket_action: actions };
+            let _ = tokio::time::timeout(SEND_TIMEOUT, self.answers.send(Ok(response))).await;
         }
     }
 
@@ -352,7 +428,8 @@ impl QuotaStream {
             })
             .collect();
         if !actions.is_empty() {
-            let _ = self.answers.send(Ok(RateLimitQuotaResponse { bucket_action: actions })).await;
+            let response = RateLimitQuotaResponse { bucket_action: actions };
+            let _ = tokio::time::timeout(SEND_TIMEOUT, self.answers.send(Ok(response))).await;
         }
     }
 }

@@ -76,6 +76,12 @@ fn checkout_rule(mode: Option<&str>) -> rules::Rule {
     crate::fixtures::rule("checkout-rule", spec)
 }
 
+/// A holder of its own stream.
+fn holder() -> BucketHolder {
+    let stream = Uuid::new_v4();
+    BucketHolder { stream, holder: stream, unsure: false, builds_full: false }
+}
+
 fn bucket(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs.iter().map(|(key, value)| ((*key).to_owned(), (*value).to_owned())).collect()
 }
@@ -106,8 +112,7 @@ async fn a_bucket_no_rule_governs_is_allowed_for_long_without_a_statement() {
     let mut store = MockStore::new();
     store.expect_assign().never();
     let quota = service_with(store, Arc::default(), vec![checkout_rule(None)]);
-    let assigned =
-        quota.assign("checkout", &bucket(&[("region", "eu")]), Uuid::new_v4(), None).await.unwrap();
+    let assigned = quota.assign("checkout", &bucket(&[("region", "eu")]), holder(), None).await.unwrap();
     assert_eq!(assigned, Some(Assignment::AllowAll { ttl: QuotaSettings::default().ungoverned_ttl }));
 }
 
@@ -126,7 +131,7 @@ async fn a_governed_bucket_gets_the_stores_share_as_a_token_bucket_filled_each_m
     let quota = service_with(store, Arc::default(), vec![checkout_rule(None)]);
     let usage = Usage { allowed: 7, denied: 3, elapsed: Duration::from_secs(5) };
     let id = bucket(&[("api", "POST /pay"), ("tenant", "acme")]);
-    let assigned = quota.assign("checkout", &id, Uuid::new_v4(), Some(usage)).await;
+    let assigned = quota.assign("checkout", &id, holder(), Some(usage)).await;
     assert_eq!(
         assigned.unwrap(),
         Some(Assignment::TokenBucket {
@@ -164,7 +169,7 @@ async fn a_store_that_cannot_answer_sends_nothing_and_is_counted() {
     let heard = Arc::new(Heard::default());
     let quota = service_with(store, heard.clone(), vec![checkout_rule(None)]);
     let id = bucket(&[("api", "POST /pay"), ("tenant", "acme")]);
-    let assigned = quota.assign("checkout", &id, Uuid::new_v4(), None).await;
+    let assigned = quota.assign("checkout", &id, holder(), None).await;
     assert!(matches!(assigned, Err(QuotaError::Store(_))), "{assigned:?}");
     assert_eq!(*heard.failed.lock().unwrap(), 1);
 }
@@ -178,7 +183,7 @@ async fn a_shadow_rule_allows_all_and_counts_what_the_share_would_have_refused()
     let quota = service_with(store, heard.clone(), vec![checkout_rule(Some("SHADOW"))]);
     let usage = Usage { allowed: 80, denied: 0, elapsed: Duration::from_secs(5) };
     let id = bucket(&[("api", "POST /pay"), ("tenant", "acme")]);
-    let assigned = quota.assign("checkout", &id, Uuid::new_v4(), Some(usage)).await;
+    let assigned = quota.assign("checkout", &id, holder(), Some(usage)).await;
     assert_eq!(assigned.unwrap(), Some(Assignment::AllowAll { ttl: Duration::from_secs(12) }));
     assert_eq!(heard.shadow.lock().unwrap().as_slice(), &[("checkout-rule".to_owned(), 25)]);
 }
