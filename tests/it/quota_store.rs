@@ -41,11 +41,17 @@ struct Holders {
     store: PgQuotaStore,
     pool: PgPool,
     budget: Budget,
+    settings: QuotaSettings,
 }
 
 impl Holders {
     fn new(pool: PgPool, budget: Budget) -> Holders {
-        Holders { store: PgQuotaStore::new(Statements::new(pool.clone())), pool, budget }
+        Holders {
+            store: PgQuotaStore::new(Statements::new(pool.clone())),
+            pool,
+            budget,
+            settings: settings(),
+        }
     }
 
     async fn report(&self, holder: Uuid, requests: u64, elapsed_s: u64) -> Allotted {
@@ -60,7 +66,7 @@ impl Holders {
             holder: BucketHolder { stream: holder, holder, unsure: false, builds_full: false },
             replica: "replica-a".into(),
             usage,
-            settings: settings(),
+            settings: self.settings,
         };
         self.store.assign(&request).await.unwrap()
     }
@@ -129,10 +135,14 @@ async fn a_newcomer_waits_for_the_share_another_gives_back_until_a_report_proves
 
 #[sqlx::test(migrator = "app::migrations::MIGRATOR")]
 async fn a_report_that_crosses_an_assignment_does_not_prove_it_arrived(pool: PgPool) {
-    let holders = Holders::new(pool, budget(100.0, 50.0));
+    // A round trip of 2 s: two statements in a row are within it however loaded the machine.
+    let mut holders = Holders::new(pool, budget(100.0, 50.0));
+    holders.settings.max_round_trip = Duration::from_secs(2);
+    holders.settings.ttl = Duration::from_secs(6);
+    let round_trip = Duration::from_millis(2100);
     let (old, new) = (Uuid::new_v4(), Uuid::new_v4());
     holders.report(old, 1, 0).await;
-    after(Duration::from_millis(50)).await;
+    after(round_trip).await;
     holders.report(new, 1, 0).await;
     holders.report(old, 500, 1).await;
     // Within the round trip of that send (a shrink to half), a report may have left before it
@@ -140,7 +150,7 @@ async fn a_report_that_crosses_an_assignment_does_not_prove_it_arrived(pool: PgP
     assert_eq!(tokens(holders.report(old, 500, 1).await).1, 49);
     assert_eq!(holders.counted().await.0, 99.0);
     assert_eq!(holders.report(new, 500, 1).await.decision, Allotment::Deny);
-    after(Duration::from_millis(50)).await;
+    after(round_trip).await;
     holders.report(old, 500, 1).await;
     assert_eq!(tokens(holders.report(new, 500, 1).await).1, 49);
 }
@@ -280,8 +290,10 @@ async fn a_bucket_without_demand_for_a_while_is_abandoned_and_comes_back_as_a_ne
     // Its Envoy erased the bucket: the one it is sent now is built full, and paid for whole.
     let (max_tokens, _) = tokens(back);
     let (_, _, pool_after) = holders.counted().await;
+    // (Paid for only its growth, the pool would have lost nothing; it refills meanwhile at
+    // what the counted share leaves, a token or so under a loaded machine's delays.)
     assert!(
-        pool_after <= pool_before - f64::from(max_tokens) + 1.0,
+        pool_after <= pool_before - f64::from(max_tokens) / 2.0,
         "{pool_before} - {max_tokens} -> {pool_after}"
     );
 }
