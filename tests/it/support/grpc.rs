@@ -37,20 +37,7 @@ fn python() -> &'static PathBuf {
 /// `{"grpc": <status code name>, "details", "response"}`.
 pub(crate) async fn calls(target: SocketAddr, calls: Value) -> Vec<Value> {
     let script = json!({ "target": target.to_string(), "calls": calls }).to_string();
-    let output = tokio::task::spawn_blocking(move || {
-        let mut child = Command::new(python())
-            .arg(workspace().join("tests/grpc/rls_client.py"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("the gRPC client starts");
-        use std::io::Write as _;
-        child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
-        child.wait_with_output().unwrap()
-    })
-    .await
-    .unwrap();
+    let output = run("tests/grpc/rls_client.py", script).await;
     assert!(output.status.success(), "the gRPC client failed");
     serde_json::from_slice::<Vec<Value>>(&output.stdout).expect("the client prints a JSON array")
 }
@@ -79,21 +66,7 @@ pub(crate) async fn script(path: &str, arguments: &[&str], env: &[(&str, &str)])
 /// as Envoy's source has it, its load, its reports and its streams) by `script`, and returns
 /// what they did.
 pub(crate) async fn envoys(script: Value) -> Value {
-    let script = script.to_string();
-    let output = tokio::task::spawn_blocking(move || {
-        let mut child = Command::new(python())
-            .arg(workspace().join("tests/grpc/rlqs_envoys.py"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("the simulated Envoys start");
-        use std::io::Write as _;
-        child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
-        child.wait_with_output().unwrap()
-    })
-    .await
-    .unwrap();
+    let output = run("tests/grpc/rlqs_envoys.py", script.to_string()).await;
     assert!(output.status.success(), "the simulated Envoys failed");
     let done: Value = serde_json::from_slice(&output.stdout).expect("the simulated Envoys print JSON");
     assert!(
@@ -102,4 +75,23 @@ pub(crate) async fn envoys(script: Value) -> Value {
         done["error"]
     );
     done
+}
+
+/// Runs the script at `path` (from the workspace) on the client's python, `input` on its
+/// standard input; its standard error is the test's.
+async fn run(path: &'static str, input: String) -> std::process::Output {
+    tokio::task::spawn_blocking(move || {
+        let mut child = Command::new(python())
+            .arg(workspace().join(path))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|error| panic!("{path} starts: {error}"));
+        use std::io::Write as _;
+        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap()
 }

@@ -305,6 +305,7 @@ impl QuotaStream {
             }
             self.answer(actions).await;
         }
+        self.recount();
         Ok(())
     }
 
@@ -379,6 +380,7 @@ impl QuotaStream {
             }
             self.answer(actions).await;
         }
+        self.recount();
     }
 
     /// Another holder's report freed capacity of bucket `key`, or needs it: this stream's
@@ -397,9 +399,20 @@ impl QuotaStream {
             Self::decide(&self.quota, &domain, held, None, &mut actions).await;
             self.answer(actions).await;
         }
+        self.recount();
     }
 
-    async fn answer(&mut self, actions: Vec<BucketAction>) {
+    /// Sends `actions`, if any, as one response.
+    async fn answer(&self, actions: Vec<BucketAction>) {
+        if !actions.is_empty() {
+            let response = RateLimitQuotaResponse { bucket_action: actions };
+            let _ = tokio::time::timeout(SEND_TIMEOUT, self.answers.send(Ok(response))).await;
+        }
+    }
+
+    /// Tells the metrics what this stream holds now: once a message or a round, not once a
+    /// bucket (it reads every bucket).
+    fn recount(&mut self) {
         let mut now = Holding::default();
         for held in self.buckets.values() {
             if let Some(Assignment::TokenBucket { .. }) = held.last {
@@ -410,10 +423,6 @@ impl QuotaStream {
         }
         self.observer.holding(now - self.holding);
         self.holding = now;
-        if !actions.is_empty() {
-            let response = RateLimitQuotaResponse { bucket_action: actions };
-            let _ = tokio::time::timeout(SEND_TIMEOUT, self.answers.send(Ok(response))).await;
-        }
     }
 
     /// Every bucket's assignment again, expiring at once: the Envoy applies it and falls back
